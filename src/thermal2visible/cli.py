@@ -1,0 +1,28 @@
+"""The one entry shape of every pipeline stage: `--params`, repeated `--set section.key=value`, clean errors."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+from thermal2visible.config import ConfigError, Params, load_params
+
+
+class PipelineError(ValueError):
+    """An expected failure a user can fix (bad data, missing stage output); printed without a traceback."""
+
+
+def run_stage(main: Callable[[Params], object], description: str | None = None) -> None:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one parameter (repeatable), as `dvc exp run -S` does")
+    args = parser.parse_args()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    try:
+        main(load_params(args.params, args.overrides))
+    except (ConfigError, PipelineError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)

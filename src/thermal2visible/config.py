@@ -1,0 +1,258 @@
+"""params.yaml -> typed, validated settings. A bad key or value fails naming `section.key` and why."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A params.yaml value that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "data/raw"
+    layout: Literal["pairs", "side_by_side"] = "pairs"
+
+
+@dataclass(frozen=True)
+class SynthesizeConfig:
+    identities: int = 12
+    images_per_identity: int = 16
+    resolution: int = 96
+    seed: int = 2022
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    on_error: Literal["fail", "skip"] = "fail"
+    max_pixels: int = 40_000_000
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    image_size: int = 64
+    face_crop: bool = True
+    crop_margin: float = 0.2
+    thermal_norm: Literal["percentile", "fixed"] = "percentile"
+    percentiles: tuple[float, float] = (1.0, 99.0)
+    fixed_range: tuple[float, float] = (0.0, 65535.0)
+    split_by: Literal["random", "identity"] = "random"
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    num_workers: int = 0
+    pin_memory: bool = False
+    preload: bool = True
+    jitter: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    ngf: int = 64
+    ndf: int = 64
+    norm: Literal["batch", "instance", "none"] = "batch"
+    dropout: float = 0.5
+    recompute: bool = False
+
+
+@dataclass(frozen=True)
+class RecognizerConfig:
+    epochs: int = 15
+    batch_size: int = 16
+    lr: float = 1e-3
+    width: int = 16
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 1
+    base_batch_size: int = 1
+    lr_scaling: Literal["none", "sqrt", "linear"] = "none"
+    lr_g: float = 2e-4
+    lr_d: float = 2e-4
+    beta1: float = 0.5
+    beta2: float = 0.999
+    gan_mode: Literal["vanilla", "lsgan"] = "vanilla"
+    lambda_l1: float = 100.0
+    lambda_id: float = 0.0
+    lr_decay_epochs: int = 0
+    min_epochs: int = 1
+    max_epochs: int = 200
+    precision: Literal["32-true", "16-mixed", "bf16-mixed"] = "32-true"
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    sync_batchnorm: bool = False
+    channels_last: bool = False
+    compile: bool = False
+    fused_adam: bool = False
+    resume: Literal["auto", "never"] = "auto"
+    max_bad_steps: int = 10
+    image_log_every: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EarlyStopConfig:
+    window: int = 50
+    patience: int = 50
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    opset: int = 18
+    atol: float = 1e-3
+    int8: bool = False
+
+
+@dataclass(frozen=True)
+class RegisterConfig:
+    model_name: str = "thermal2visible"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 5001
+    max_pixels: int = 16_000_000
+
+
+@dataclass(frozen=True)
+class MlflowConfig:
+    experiment: str = "thermal2visible"
+
+
+@dataclass(frozen=True)
+class Params:
+    data: DataConfig = field(default_factory=DataConfig)
+    synthesize: SynthesizeConfig = field(default_factory=SynthesizeConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    recognizer: RecognizerConfig = field(default_factory=RecognizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    register: RegisterConfig = field(default_factory=RegisterConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+    def flat(self, *sections: str) -> dict[str, object]:
+        """`section.key` -> value for the named sections (all when none), as MLflow params want them."""
+        names = sections or tuple(f.name for f in dataclasses.fields(self))
+        return {f"{name}.{key}": value for name in names for key, value in dataclasses.asdict(getattr(self, name)).items()}
+
+
+def _coerce(value: object, annotation: object, where: str) -> object:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        if value not in typing.get_args(annotation):
+            raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(annotation))}")
+        return value
+    if origin is tuple:
+        kinds = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)) or len(value) != len(kinds):
+            raise ConfigError(f"{where}: expected a list of {len(kinds)} numbers, got {value!r}")
+        return tuple(_coerce(v, k, f"{where}[{i}]") for i, (v, k) in enumerate(zip(value, kinds)))
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {annotation!r} at {where}")
+
+
+def _build(cls: type, raw: object, section: str):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{section}: expected a mapping of keys, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{section}.{unknown[0]}: unknown key (known keys: {', '.join(sorted(known))})")
+    return cls(**{key: _coerce(value, hints[key], f"{section}.{key}") for key, value in raw.items()})
+
+
+def _check(params: Params) -> None:
+    """Rules that span more than one value."""
+    size = params.preprocess.image_size
+    if size < 16 or size & (size - 1):
+        raise ConfigError(f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1)")
+    p = params.preprocess
+    if not 0 <= p.val_fraction < 1 or not 0 <= p.test_fraction < 1 or p.val_fraction + p.test_fraction >= 1:
+        raise ConfigError("preprocess.val_fraction/test_fraction: each in [0, 1) and their sum < 1")
+    if not 0 <= p.percentiles[0] < p.percentiles[1] <= 100:
+        raise ConfigError(f"preprocess.percentiles: {list(p.percentiles)} must be increasing within [0, 100]")
+    if not p.fixed_range[0] < p.fixed_range[1]:
+        raise ConfigError(f"preprocess.fixed_range: {list(p.fixed_range)} must be increasing")
+    t = params.train
+    for key in ("batch_size", "base_batch_size", "devices", "num_nodes", "max_epochs"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key}: must be >= 1, got {getattr(t, key)}")
+    if t.min_epochs > t.max_epochs:
+        raise ConfigError(f"train.min_epochs: {t.min_epochs} exceeds train.max_epochs {t.max_epochs}")
+    world = t.devices * t.num_nodes
+    if t.batch_size % world:
+        raise ConfigError(f"train.batch_size: {t.batch_size} is not divisible by devices x num_nodes = {world}")
+    if params.early_stop.window < 1 or params.early_stop.patience < 1:
+        raise ConfigError("early_stop.window/patience: must be >= 1")
+
+
+def _apply_override(raw: dict, override: str) -> None:
+    """`section.key=value`, the value parsed as YAML (as `dvc exp run -S` does)."""
+    dotted, sep, value = override.partition("=")
+    section, dot, key = dotted.partition(".")
+    if not sep or not dot or not key:
+        raise ConfigError(f"override {override!r}: expected section.key=value")
+    raw.setdefault(section, {})
+    if not isinstance(raw[section], dict):
+        raise ConfigError(f"{section}: expected a mapping of keys")
+    raw[section][key] = yaml.safe_load(value)
+
+
+def load_params(path: str | Path = "params.yaml", overrides: typing.Sequence[str] = ()) -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such params file") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections")
+    for override in overrides:
+        _apply_override(raw, override)
+    hints = typing.get_type_hints(Params)
+    known = {f.name for f in dataclasses.fields(Params)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section in {path} (known: {', '.join(sorted(known))})")
+    params = Params(**{name: _build(hints[name], raw[name], name) for name in raw})
+    _check(params)
+    return params

@@ -1,0 +1,46 @@
+"""params.yaml loading: the shipped file is valid, and every kind of bad value names its key."""
+import pytest
+
+from thermal2visible.config import ConfigError, load_params
+
+REPO_PARAMS = "params.yaml"
+
+
+def test_shipped_params_load_and_flatten():
+    params = load_params(REPO_PARAMS)
+    flat = params.flat("train", "early_stop")
+    assert flat["train.batch_size"] == params.train.batch_size
+    assert "early_stop.window" in flat and not any(key.startswith("model.") for key in flat)
+
+
+def test_override_is_parsed_as_yaml():
+    params = load_params(REPO_PARAMS, ["train.batch_size=64", "preprocess.percentiles=[2, 98]"])
+    assert params.train.batch_size == 64
+    assert params.preprocess.percentiles == (2.0, 98.0)
+
+
+@pytest.mark.parametrize("override, named", [
+    ("train.batch_sise=4", "train.batch_sise: unknown key"),
+    ("trian.batch_size=4", "trian: unknown section"),
+    ("train.precision=16", "train.precision"),
+    ("train.batch_size=two", "train.batch_size: expected an integer"),
+    ("train.channels_last=1", "train.channels_last: expected true or false"),
+    ("preprocess.image_size=100", "preprocess.image_size"),
+    ("preprocess.percentiles=[99, 1]", "preprocess.percentiles"),
+    ("preprocess.val_fraction=0.9", "preprocess.val_fraction"),
+    ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
+    ("train", "expected section.key=value"),
+])
+def test_bad_values_name_their_key(override, named):
+    overrides = [override] if override != "train.batch_size=3" else [override, "train.devices=2"]
+    with pytest.raises(ConfigError, match=named.replace("[", r"\[")):
+        load_params(REPO_PARAMS, overrides)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such params file"):
+        load_params(tmp_path / "absent.yaml")
+    bad = tmp_path / "params.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
