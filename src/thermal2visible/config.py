@@ -54,6 +54,7 @@ class LoaderConfig:
     pin_memory: bool = False
     preload: bool = True
     jitter: bool = True
+    jitter_scale: float = 1.125
 
 
 @dataclass(frozen=True)

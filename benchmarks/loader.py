@@ -1,0 +1,106 @@
+"""Loader throughput (images/s, jitter included): the cached datamodule, memory-mapped and preloaded, against a
+loader that decodes, preprocesses and jitters the raw images every epoch.
+
+Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.py, preprocess.py in turn).
+Prints the figures and writes reports/loader.json and reports/loader.png.   Usage: python benchmarks/loader.py
+"""
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from thermal2visible.cli import PipelineError
+from thermal2visible.config import load_params
+from thermal2visible.data.cache import load_manifest
+from thermal2visible.data.datamodule import PairedDataModule, jitter_pair, model_batch
+from thermal2visible.data.ingest import read_pair
+from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
+
+CACHE, INDEX, REPORT = Path("data/cache"), Path("data/ingested/index.json"), Path("reports/loader")
+EPOCHS = {"decode every epoch": 1, "cache, memory-mapped": 10, "cache, preloaded": 10}
+REPEATS = 3  # the best of a few rounds: other processes on the machine only ever slow a round down
+
+
+def images_per_second(epoch, epochs: int) -> float:
+    rates = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        images = sum(len(batch["thermal"]) for _ in range(epochs) for batch in epoch())
+        rates.append(images / (time.perf_counter() - start))
+    return max(rates)
+
+
+def decoding_epoch(params, batch_size: int):
+    """Batches as a loader without a cache makes them: read, decode, preprocess and jitter every training pair."""
+    index, manifest = json.loads(INDEX.read_text()), load_manifest(CACHE)
+    train = [source for source in manifest["sources"] if source["split"] == "train"]
+    root, layout, cfg, scale = Path(index["root"]), index["layout"], params.preprocess, params.loader.jitter_scale
+    rng = np.random.default_rng(0)
+
+    def to_tensor(images):
+        return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2) * 2 - 1
+
+    def epoch():
+        order = rng.permutation(len(train))
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            rows = order[start:start + batch_size]
+            raw = [read_pair(root, train[i], layout, params.ingest.max_pixels) for i in rows]
+            thermal = to_tensor([prepare_thermal(t, cfg) for t, _ in raw])
+            visible = to_tensor([prepare_visible(v, t, cfg) for t, v in raw])
+            yield dict(zip(("thermal", "visible"), jitter_pair(thermal, visible, scale)))
+    return epoch
+
+
+def cached_epoch(params, batch_size: int, preload: bool):
+    loader = dataclasses.replace(params.loader, preload=preload)
+    module = PairedDataModule(CACHE, batch_size, loader)
+    module.setup("fit")
+    return lambda: (model_batch(batch, loader.jitter_scale) for batch in module.train_dataloader())
+
+
+def main() -> None:
+    # A batch of small images is too little work to split over threads; with other processes on the cores, the
+    # threads mostly wait for each other (measured here: jitter 0.6 ms on one thread, 35 ms on two).
+    torch.set_num_threads(1)
+    params = load_params("params.yaml")
+    if not INDEX.is_file():
+        raise PipelineError(f"{INDEX}: missing; make the demo data first (dvc repro preprocess)")
+    batch_size, manifest = params.train.batch_size, load_manifest(CACHE)
+    loaders = {"decode every epoch": decoding_epoch(params, batch_size),
+               "cache, memory-mapped": cached_epoch(params, batch_size, preload=False),
+               "cache, preloaded": cached_epoch(params, batch_size, preload=True)}
+    rates = {name: images_per_second(epoch, EPOCHS[name]) for name, epoch in loaders.items()}
+    baseline = rates["decode every epoch"]
+    print(f"{manifest['counts']['train']} training pairs of {manifest['image_size']}px, batch {batch_size}, "
+          f"jitter on, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
+    for name, rate in rates.items():
+        print(f"  {name:22s} {rate:10.0f} images/s   x{rate / baseline:.1f}")
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    figures = {"images_per_second": rates, "batch_size": batch_size, "image_size": manifest["image_size"],
+               "train_pairs": manifest["counts"]["train"], "epochs": EPOCHS, "repeats": REPEATS,
+               "torch_threads": torch.get_num_threads()}
+    REPORT.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
+    figure, axes = plt.subplots(figsize=(6, 3.2))
+    bars = axes.barh(list(rates), list(rates.values()), color=["#999999", "#4c72b0", "#55a868"])
+    axes.bar_label(bars, labels=[f"{r:,.0f}/s" for r in rates.values()], padding=3)
+    axes.set_xscale("log")
+    axes.set_xlim(right=max(rates.values()) * 5)  # room for the labels
+    axes.set_xlabel("training images per second (log scale)")
+    axes.invert_yaxis()
+    axes.set_title(f"Loader throughput, {manifest['image_size']}px, batch {batch_size}, jitter on")
+    figure.tight_layout()
+    figure.savefig(REPORT.with_suffix(".png"), dpi=120)
+    print(f"wrote {REPORT.with_suffix('.json')} and {REPORT.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except PipelineError as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,24 @@
+"""Stage `preprocess`: crop, normalise, resize and split the ingested pairs into the cache data/cache/."""
+import json
+import shutil
+from pathlib import Path
+
+from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.config import Params
+from thermal2visible.data.cache import build_cache
+
+INDEX = Path("data/ingested/index.json")
+CACHE = Path("data/cache")
+
+
+def main(params: Params) -> None:
+    if not INDEX.is_file():
+        raise PipelineError(f"{INDEX}: missing; run the ingest stage first (dvc repro ingest)")
+    shutil.rmtree(CACHE, ignore_errors=True)  # this stage's output: no array of an old setting may survive
+    manifest = build_cache(json.loads(INDEX.read_text()), params.preprocess, params.ingest.max_pixels, CACHE)
+    counts = ", ".join(f"{split} {n}" for split, n in manifest["counts"].items())
+    print(f"preprocess: {counts} pairs of {manifest['image_size']}px in {CACHE}")
+
+
+if __name__ == "__main__":
+    run_stage(main, __doc__)

@@ -1,0 +1,69 @@
+"""The preprocessed cache: per split, thermal uint16 and visible uint8 NHWC arrays + identity labels, and a manifest.
+
+Integers keep the cache small (and the loader moving little); .npy files memory-map, so a dataset larger than
+memory still loads. Arrays are written in place with `open_memmap` rather than stacked in memory first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from thermal2visible.cli import PipelineError
+from thermal2visible.config import PreprocessConfig
+from thermal2visible.data.ingest import SPLITS, read_pair
+from thermal2visible.data.preprocess import assign_splits, prepare_thermal, prepare_visible
+
+MANIFEST = "manifest.json"
+
+
+def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path) -> dict:
+    """Preprocess every pair of an ingest index into `out_dir`; returns the manifest it wrote."""
+    root, layout, pairs = Path(index["root"]), index["layout"], index["pairs"]
+    splits = assign_splits([p["identity"] for p in pairs], [p["split"] for p in pairs], cfg)
+    identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
+    label = {name: position for position, name in enumerate(identities)}
+    size, channels = cfg.image_size, (index["thermal_channels"], index["visible_channels"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sources, counts = [], {}
+    with tqdm(total=len(pairs), desc="preprocess", unit="pair") as progress:
+        for split in SPLITS:
+            members = [p for p, s in zip(pairs, splits) if s == split]
+            counts[split] = len(members)
+            thermal, visible = (np.lib.format.open_memmap(out_dir / f"{split}_{kind}.npy", "w+", dtype,
+                                                          (len(members), size, size, c))
+                                for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels))
+            for row, pair in enumerate(members):
+                raw_thermal, raw_visible = read_pair(root, pair, layout, max_pixels)
+                thermal[row] = np.round(prepare_thermal(raw_thermal, cfg) * 65535)
+                visible[row] = np.round(prepare_visible(raw_visible, raw_thermal, cfg) * 255)
+                sources.append({key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
+                               | {"split": split})
+                progress.update()
+            thermal.flush()
+            visible.flush()
+            del thermal, visible  # close the memory maps before the next split opens its own
+            np.save(out_dir / f"{split}_identity.npy",
+                    np.array([label.get(p["identity"], -1) for p in members], dtype=np.int64))
+    manifest = {"image_size": size, "thermal_channels": channels[0], "visible_channels": channels[1],
+                "identities": identities, "counts": counts, "preprocess": dataclasses.asdict(cfg),
+                "sources": sources}
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def load_manifest(cache_dir: str | Path) -> dict:
+    path = Path(cache_dir) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no cache here; run the preprocess stage first (dvc repro preprocess)") from None
+
+
+def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(thermal, visible, identity) arrays of one split, memory-mapped read-only."""
+    return tuple(np.load(Path(cache_dir) / f"{split}_{kind}.npy", mmap_mode="r")
+                 for kind in ("thermal", "visible", "identity"))

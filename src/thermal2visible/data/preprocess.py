@@ -1,0 +1,116 @@
+"""One raw pair -> model-sized arrays, and which split each pair goes to.
+
+`prepare_thermal` is the only road from a camera frame to the model's input: the cache writer uses it for
+training data and serving uses it for requests, so both see exactly the same crop, normalisation and resize.
+"""
+from __future__ import annotations
+
+import numpy as np
+from skimage.filters import threshold_otsu
+from skimage.measure import label, regionprops
+from skimage.transform import resize
+
+from thermal2visible.cli import PipelineError
+from thermal2visible.config import PreprocessConfig
+
+Box = tuple[int, int, int]  # top, left, side of a square
+
+
+def thermal_counts(image: np.ndarray) -> np.ndarray:
+    """float32 HxWxC in 16-bit counts; 8-bit thermal is stretched to the same range (x257: 255 -> 65535)."""
+    counts = image.astype(np.float32) * (257.0 if image.dtype == np.uint8 else 1.0)
+    return counts[:, :, None] if counts.ndim == 2 else counts
+
+
+def centre_box(height: int, width: int) -> Box:
+    side = min(height, width)
+    return (height - side) // 2, (width - side) // 2, side
+
+
+def face_box(counts: np.ndarray, margin: float) -> Box:
+    """Square around the largest warm blob (Otsu threshold), grown by `margin` of its side on every side."""
+    grey = counts.mean(axis=2)
+    height, width = grey.shape
+    if grey.min() == grey.max():
+        return centre_box(height, width)
+    blobs = regionprops(label(grey > threshold_otsu(grey)))
+    top, left, bottom, right = max(blobs, key=lambda blob: blob.area).bbox
+    side = min(round(max(bottom - top, right - left) * (1 + 2 * margin)), height, width)
+    # Shift the box back inside the frame rather than pad: padding would invent pixels the camera never saw.
+    row = int(np.clip((top + bottom - side) // 2, 0, height - side))
+    col = int(np.clip((left + right - side) // 2, 0, width - side))
+    return row, col, side
+
+
+def crop_box(thermal: np.ndarray, cfg: PreprocessConfig) -> Box:
+    """The square both images of a pair are cut to, decided from the thermal image alone."""
+    if cfg.face_crop:
+        return face_box(thermal_counts(thermal), cfg.crop_margin)
+    return centre_box(*thermal.shape[:2])
+
+
+def _square(pixels: np.ndarray, box: Box) -> np.ndarray:
+    top, left, side = box
+    return pixels[top:top + side, left:left + side]
+
+
+def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
+    resized = resize(pixels, (size, size, pixels.shape[2]), anti_aliasing=True)
+    return np.clip(resized, 0.0, 1.0).astype(np.float32)
+
+
+def normalise(counts: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """Radiometric counts -> [0, 1]: per-image percentiles, or a fixed range of counts shared by all images."""
+    if cfg.thermal_norm == "percentile":
+        low, high = np.percentile(counts, cfg.percentiles)
+    else:
+        low, high = cfg.fixed_range
+    return np.clip((counts - low) / max(high - low, 1.0), 0.0, 1.0)
+
+
+def prepare_thermal(image: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """A uint8/uint16 HxW or HxWxC thermal frame -> float32 (S, S, C) in [0, 1]."""
+    square = _square(thermal_counts(image), crop_box(image, cfg))
+    return _resize(normalise(square, cfg), cfg.image_size)
+
+
+def prepare_visible(image: np.ndarray, thermal: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """The visible partner of `thermal` -> float32 (S, S, C) in [0, 1], cut to the same box."""
+    pixels = image.astype(np.float32) / 255.0
+    pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+    return _resize(_square(pixels, crop_box(thermal, cfg)), cfg.image_size)
+
+
+def _counts(total: int, cfg: PreprocessConfig, what: str) -> tuple[int, int]:
+    """How many of `total` units go to val and test: at least one each when its fraction is not zero."""
+    n_val, n_test = (max(1, round(f * total)) if f > 0 else 0 for f in (cfg.val_fraction, cfg.test_fraction))
+    if n_val + n_test >= total:
+        raise PipelineError(f"preprocess: {total} {what} are too few for val_fraction {cfg.val_fraction} and "
+                            f"test_fraction {cfg.test_fraction} (training would get none)")
+    return n_val, n_test
+
+
+def assign_splits(identities: list[str | None], hints: list[str | None], cfg: PreprocessConfig) -> list[str]:
+    """Split of each pair: its folder hint when it has one, else `split_by` over the pairs without one."""
+    free = [i for i, hint in enumerate(hints) if hint is None]
+    splits = list(hints)
+    rng = np.random.default_rng(cfg.seed)
+    if cfg.split_by == "identity":
+        missing = [i for i in free if identities[i] is None]
+        if missing:
+            raise PipelineError(f"preprocess.split_by: identity needs an identity folder for every pair; "
+                                f"{len(missing)} pairs have none (use split_by: random)")
+        units = sorted({identities[i] for i in free})
+        unit_of = {i: identities[i] for i in free}
+    else:
+        units = free
+        unit_of = {i: i for i in free}
+    if not units:
+        return splits
+    n_val, n_test = _counts(len(units), cfg, "identities" if cfg.split_by == "identity" else "pairs")
+    order = [units[k] for k in rng.permutation(len(units))]
+    split_of = {unit: "test" if k < n_test else "val" if k < n_test + n_val else "train"
+                for k, unit in enumerate(order)}
+    for i in free:
+        splits[i] = split_of[unit_of[i]]
+    return splits

@@ -1,0 +1,141 @@
+"""PairedDataModule: batch shapes and ranges, pair-consistent jitter, deterministic val, distinct DDP shards."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from thermal2visible.config import LoaderConfig
+from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch
+
+
+def batches(module, loader):
+    return [module.on_after_batch_transfer(batch, 0) for batch in loader]
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_batches_have_the_contract_shapes_dtypes_and_ranges(tiny_cache, preload):
+    module = PairedDataModule(tiny_cache, 4, LoaderConfig(preload=preload))
+    assert (module.thermal_channels, module.visible_channels) == (1, 3)
+    assert module.identities == [f"person_{k:02d}" for k in range(4)] and module.manifest["counts"]["train"] == 16
+    module.setup("fit")
+    raw = next(iter(module.train_dataloader()))
+    assert raw["thermal"].element_size() == 2 and raw["visible"].dtype == torch.uint8  # compact on the way
+    for batch in (model_batch(raw, 1.125), *batches(module, module.val_dataloader())):
+        assert batch["thermal"].shape[1:] == (1, 32, 32) and batch["visible"].shape[1:] == (3, 32, 32)
+        assert batch["thermal"].dtype == batch["visible"].dtype == torch.float32
+        assert batch["identity"].dtype == torch.int64 and batch["identity"].shape == batch["thermal"].shape[:1]
+        for images in (batch["thermal"], batch["visible"]):
+            assert -1 <= images.min() < -0.5 and 0.5 < images.max() <= 1
+    assert len(module.train_dataloader()) == 4
+    assert sum(len(batch["thermal"]) for batch in batches(module, module.val_dataloader())) == 4
+
+
+def test_preloaded_and_mapped_batches_hold_the_same_values(tiny_cache):
+    loaded, mapped = (PairedDataModule(tiny_cache, 4, LoaderConfig(preload=p)) for p in (True, False))
+    loaded.setup("fit")
+    mapped.setup("fit")
+    assert isinstance(loaded.splits["train"].arrays["thermal"], torch.Tensor)
+    assert isinstance(mapped.splits["train"].arrays["thermal"], np.memmap)
+    rows = [5, 0, 11]
+    first, second = (model_batch(m.splits["train"].__getitems__(rows), None) for m in (loaded, mapped))
+    for key in ("thermal", "visible", "identity"):
+        torch.testing.assert_close(first[key], second[key])
+    expected = np.load(tiny_cache / "train_thermal.npy")[rows].transpose(0, 3, 1, 2) / 65535 * 2 - 1
+    np.testing.assert_allclose(first["thermal"].numpy(), expected, atol=1e-6)
+
+
+def test_jitter_moves_both_images_of_a_pair_alike_and_each_pair_its_own_way():
+    count, side = 16, 24
+    ramp = np.add.outer(np.arange(side), 3 * np.arange(side)).astype(np.uint8)  # asymmetric, so flips show
+    visible = np.broadcast_to(ramp[None, :, :, None], (count, side, side, 3)).copy()
+    thermal = visible[..., :1].astype(np.uint16) * 257                          # the same picture in 16 bits
+    pairs = CachedPairs({"thermal": thermal, "visible": visible, "identity": np.zeros(count, np.int64)})
+    torch.manual_seed(0)
+    jittered = model_batch(pairs.__getitems__(list(range(count))), jitter_scale=1.125)
+    plain = model_batch(pairs.__getitems__(list(range(count))), jitter_scale=None)
+    torch.testing.assert_close(jittered["visible"], jittered["thermal"].expand(-1, 3, -1, -1), atol=1e-5, rtol=0)
+    assert not torch.allclose(jittered["visible"], plain["visible"])
+    distinct = {tuple(image.flatten()[:50].tolist()) for image in jittered["visible"].round(decimals=3)}
+    assert len(distinct) > count // 2
+
+
+def test_validation_is_deterministic_and_unjittered(tiny_cache):
+    module = PairedDataModule(tiny_cache, 3, LoaderConfig(jitter=True))
+    module.setup("validate")
+    first, second = batches(module, module.val_dataloader()), batches(module, module.val_dataloader())
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a["visible"], b["visible"])
+    stored = np.load(tiny_cache / "val_visible.npy")[:3].transpose(0, 3, 1, 2) / 255 * 2 - 1
+    np.testing.assert_allclose(first[0]["visible"].numpy(), stored, atol=1e-6)
+    assert len(batches(module, module.test_dataloader())) == 2
+
+
+def test_a_batch_bigger_than_the_training_set_fails_clearly(tiny_cache):
+    with pytest.raises(ValueError, match="16 training pairs cannot fill one batch of 32"):
+        PairedDataModule(tiny_cache, 32, LoaderConfig()).setup("fit")
+
+
+DDP_SCRIPT = textwrap.dedent('''
+    import json, sys
+    from pathlib import Path
+    import torch
+    from lightning.pytorch import LightningModule, Trainer
+    from thermal2visible.config import LoaderConfig
+    from thermal2visible.data.datamodule import PairedDataModule, model_batch
+
+    class Recorder(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+            self.seen = []
+
+        def unjittered(self, batch, split):
+            rows = batch["index"].tolist()
+            plain = model_batch(self.trainer.datamodule.splits[split].__getitems__(rows), None)
+            return torch.equal(plain["visible"], batch["visible"])
+
+        def training_step(self, batch, batch_idx):
+            assert batch["thermal"].dtype == torch.float32 and batch["thermal"].shape[1:] == (1, 32, 32)
+            self.seen.append(["train", self.current_epoch, batch["index"].tolist(), self.unjittered(batch, "train")])
+            return (self.weight * batch["thermal"].mean()).sum()
+
+        def validation_step(self, batch, batch_idx):
+            self.seen.append(["val", self.current_epoch, batch["index"].tolist(), self.unjittered(batch, "val")])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        def on_train_end(self):
+            Path(sys.argv[2], f"rank{self.global_rank}.json").write_text(json.dumps(self.seen))
+
+    data = PairedDataModule(sys.argv[1], 2, LoaderConfig(preload=sys.argv[3] == "1"))
+    Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0).fit(Recorder(), data)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preload", ["1", "0"])
+def test_ddp_ranks_draw_distinct_shards_of_each_epoch(tiny_cache, tmp_path, preload):
+    script = tmp_path / "ddp_shards.py"
+    script.write_text(DDP_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), str(tiny_cache), str(tmp_path), preload],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    orders = {}
+    for epoch in (0, 1):
+        shards = [[i for split, e, batch, _ in rank if split == "train" and e == epoch for i in batch] for rank in seen]
+        assert len(shards[0]) == len(shards[1]) == 8
+        assert not set(shards[0]) & set(shards[1]) and set(shards[0]) | set(shards[1]) == set(range(16))
+        orders[epoch] = shards[0]
+    assert orders[0] != orders[1]  # reshuffled every epoch
+    steps = [step for rank in seen for step in rank]
+    assert all(plain for split, _, _, plain in steps if split == "val")  # validation batches are not jittered
+    assert not any(plain for split, _, _, plain in steps if split == "train")  # training batches all are
+    val = [set(batch) for split, epoch, batch, _ in steps if split == "val" and epoch == 0]
+    assert len(val) == 2 and not val[0] & val[1]  # the 4 validation pairs, 2 per rank

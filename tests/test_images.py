@@ -1,0 +1,94 @@
+"""decode_image: every supported format and depth comes back as uint8/uint16; every bad file says why."""
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import tifffile
+from PIL import Image
+
+from thermal2visible.cli import PipelineError
+from thermal2visible.data.images import BadImage, decode_image, read_image
+
+RNG = np.random.default_rng(0)
+GREY16 = RNG.integers(0, 65536, (12, 10), dtype=np.uint16)
+RGB8 = RNG.integers(0, 256, (12, 10, 3), dtype=np.uint8)
+
+
+def pillow_bytes(image: Image.Image, format: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=format, **options)
+    return buffer.getvalue()
+
+
+def tiff_bytes(array: np.ndarray, **options) -> bytes:
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, array, **options)
+    return buffer.getvalue()
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height pixels, with almost no pixel data behind it."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    pixels = zlib.compress(b"\0" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("data, expected", [
+    (pillow_bytes(Image.fromarray(GREY16), "PNG"), GREY16),
+    (pillow_bytes(Image.fromarray(RGB8), "PNG"), RGB8),
+    (pillow_bytes(Image.fromarray(RGB8[:, :, 0]), "PNG"), RGB8[:, :, 0]),
+    (tiff_bytes(GREY16), GREY16),
+    (tiff_bytes(GREY16.byteswap().view(GREY16.dtype.newbyteorder())), GREY16),  # big-endian TIFF
+    (tiff_bytes(np.stack([GREY16] * 3, axis=-1)), np.stack([GREY16] * 3, axis=-1)),  # 16-bit colour
+    (tiff_bytes(np.stack([GREY16] * 3), planarconfig="separate"), np.stack([GREY16] * 3, axis=-1)),
+    (tiff_bytes(GREY16[:, :, None]), GREY16),
+], ids=["png16-grey", "png8-rgb", "png8-grey", "tiff16-grey", "tiff16-big-endian", "tiff16-rgb", "tiff-planar",
+        "tiff-one-sample"])
+def test_lossless_formats_round_trip(data, expected):
+    decoded = decode_image(data, "x", max_pixels=10_000)
+    assert decoded.dtype == expected.dtype and decoded.dtype.isnative
+    np.testing.assert_array_equal(decoded, expected)
+
+
+def test_jpeg_and_palette_decode_to_rgb():
+    across, down = np.meshgrid(np.linspace(0, 255, 10), np.linspace(0, 255, 12))
+    smooth = np.stack([across, down, np.full_like(down, 99)], axis=-1).astype(np.uint8)
+    jpeg = decode_image(pillow_bytes(Image.fromarray(smooth), "JPEG", quality=95), "x.jpg", 10_000)
+    assert jpeg.shape == smooth.shape and jpeg.dtype == np.uint8
+    assert np.abs(jpeg.astype(int) - smooth).mean() < 4  # lossy, but the same picture
+    palette = decode_image(pillow_bytes(Image.fromarray(RGB8).convert("P"), "PNG"), "x.png", 10_000)
+    assert palette.shape == RGB8.shape and palette.dtype == np.uint8
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "empty file"),
+    (b"name,value\n1,2\n", "not a PNG, JPEG or TIFF"),
+    (pillow_bytes(Image.fromarray(RGB8), "PNG")[:60], "truncated or corrupt PNG"),
+    (pillow_bytes(Image.fromarray(np.tile(RGB8, (8, 8, 1))), "JPEG")[:2000], "truncated or corrupt JPEG"),
+    (tiff_bytes(GREY16)[:120], "truncated or corrupt TIFF"),
+    (pillow_bytes(Image.fromarray(RGB8).convert("RGBA"), "PNG"), "4 channels"),
+    (pillow_bytes(Image.fromarray(RGB8).convert("LA"), "PNG"), "2 channels"),
+    (tiff_bytes(GREY16.astype(np.float32)), "float32 samples"),
+    (tiff_bytes(np.stack([GREY16, GREY16])), "2 images"),
+    (pillow_bytes(Image.fromarray(RGB8), "PNG"), "pixels exceeds max_pixels 100 (refused before decoding)"),
+    (png_header_only(60_000, 60_000), "decompression bomb"),
+    (png_header_only(3_000, 2_000), "3000x2000 = 6000000 pixels exceeds max_pixels"),
+], ids=["empty", "text", "truncated-png", "truncated-jpeg", "truncated-tiff", "rgba", "grey-alpha", "float",
+        "multipage", "too-many-pixels", "bomb-header", "huge-header"])
+def test_bad_images_name_the_source_and_reason(data, reason):
+    max_pixels = 100 if reason.startswith("pixels exceeds") else 1_000_000
+    with pytest.raises(BadImage) as caught:
+        decode_image(data, "faces/a.png", max_pixels)
+    assert caught.value.source == "faces/a.png"
+    assert reason in caught.value.reason
+    assert str(caught.value) == f"faces/a.png: {caught.value.reason}"
+    assert isinstance(caught.value, PipelineError)  # so every stage reports it as `error: ...`
+
+
+def test_read_image_reports_a_missing_file(tmp_path):
+    with pytest.raises(BadImage, match="missing.png: cannot read"):
+        read_image(tmp_path / "missing.png", 1000)

@@ -1,0 +1,76 @@
+"""The built-in dataset: deterministic, 16-bit radiometric thermal, thermal a function of the scene only."""
+import dataclasses
+
+import numpy as np
+from skimage.io import imread
+
+from thermal2visible.config import SynthesizeConfig
+from thermal2visible.data.synthetic import random_face, random_shot, render, synthesize
+
+SMALL = SynthesizeConfig(identities=2, images_per_identity=3, resolution=32, seed=7)
+
+
+def file_bytes(root):
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in sorted(root.rglob("*.png"))}
+
+
+def test_same_seed_same_bytes_other_seed_other_images(tmp_path):
+    assert synthesize(SMALL, tmp_path / "a") == 6
+    synthesize(SMALL, tmp_path / "b")
+    synthesize(dataclasses.replace(SMALL, seed=8), tmp_path / "c")
+    first, again, other = (file_bytes(tmp_path / name) for name in "abc")
+    assert sorted(first) == [f"{kind}/person_{p:02d}/{i:03d}.png" for kind in ("thermal", "visible")
+                             for p in range(2) for i in range(3)]
+    assert first == again
+    assert first.keys() == other.keys() and all(first[name] != other[name] for name in first)
+
+
+def test_written_images_are_16_bit_centikelvin_thermal_and_8_bit_rgb(tmp_path):
+    synthesize(SMALL, tmp_path)
+    thermal = imread(tmp_path / "thermal/person_00/000.png")
+    visible = imread(tmp_path / "visible/person_00/000.png")
+    assert thermal.dtype == np.uint16 and thermal.shape == (32, 32)
+    assert visible.dtype == np.uint8 and visible.shape == (32, 32, 3)
+    celsius = thermal / 100 - 273.15
+    assert 15 < celsius.min() < 26 and 34 < celsius.max() < 38  # a room and a warm face
+
+
+def shot(seed=0):
+    return random_shot(np.random.default_rng(seed))
+
+
+def test_lighting_changes_the_visible_image_but_not_the_thermal_one():
+    face = random_face(np.random.default_rng(1))
+    (scene, light), (_, other_light) = shot(0), shot(1)
+    thermal, visible = render(face, scene, light, 48)
+    thermal_relit, visible_relit = render(face, scene, other_light, 48)
+    np.testing.assert_array_equal(thermal, thermal_relit)
+    assert np.abs(visible.astype(int) - visible_relit).mean() > 5
+
+
+def test_skin_tone_and_hair_colour_change_colours_not_temperatures():
+    """So visible pixels are not a pixel-wise function of thermal ones: the model must learn who it is."""
+    face = random_face(np.random.default_rng(2))
+    recoloured = dataclasses.replace(face, skin=(0.4, 0.26, 0.18), hair=(0.85, 0.72, 0.45))
+    scene, light = shot(3)
+    thermal, visible = render(face, scene, light, 48)
+    thermal_recoloured, visible_recoloured = render(recoloured, scene, light, 48)
+    np.testing.assert_array_equal(thermal, thermal_recoloured)
+    assert np.abs(visible.astype(int) - visible_recoloured).mean() > 10
+
+
+def test_the_face_is_warm_the_nose_and_glasses_are_cold():
+    face = dataclasses.replace(random_face(np.random.default_rng(4)), glasses=False, long_hair=False)
+    scene = dataclasses.replace(shot(5)[0], shift=(0.0, 0.0), rotation=0.0, scale=1.0, yaw=0.0)
+    light = shot(5)[1]
+    bare = render(face, scene, light, 64)[0] / 100 - 273.15
+    glasses = render(dataclasses.replace(face, glasses=True), scene, light, 64)[0] / 100 - 273.15
+    assert bare[0, 0] < scene.room_temp + 1.5                           # background: the room
+    cheek = bare[28, 32 + round(face.half_width * 64 * 0.5)]
+    assert abs(cheek - face.skin_temp) < 1.5                             # skin
+    nose_tip = bare[28 + round(0.28 * face.half_height * face.nose_length * 64), 32]
+    assert nose_tip < cheek - 0.5                                        # a cooler nose tip
+    colder = (bare - glasses) > 5
+    rows = np.nonzero(colder.any(axis=1))[0]
+    assert colder.sum() > 10 and rows.max() < 32                         # lenses opaque to heat, over the eyes
+    assert ((glasses - bare) < 0.5).all()                                # glasses warm nothing up
