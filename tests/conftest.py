@@ -12,21 +12,20 @@ import yaml
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DVC_NO_ANALYTICS"] = "1"
 
-from thermal2visible.config import Params, load_params  # noqa: E402  (after the environment is set)
+from thermal2visible.config import Params, apply_override, load_params  # noqa: E402  (after the environment is set)
 
 REPO = Path(__file__).resolve().parents[1]
 # Small enough for a test to build, train and serve in seconds on two CPU cores.
 TINY = ("synthesize.identities=4", "synthesize.images_per_identity=6", "synthesize.resolution=48",
-        "preprocess.image_size=32", "train.batch_size=4", "train.max_epochs=2", "model.ngf=8", "model.ndf=8")
+        "preprocess.image_size=32", "train.batch_size=4", "train.max_epochs=2", "early_stop.window=1",
+        "model.ngf=8", "model.ndf=8")
 
 
 def _write_params(directory: Path, *overrides: str) -> Path:
     """The repo's params.yaml with the tiny settings and then `overrides` (section.key=value) applied."""
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     for override in (*TINY, *overrides):
-        dotted, _, value = override.partition("=")
-        section, _, key = dotted.partition(".")
-        raw.setdefault(section, {})[key] = yaml.safe_load(value)
+        apply_override(raw, override)
     path = Path(directory) / "params.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     load_params(path)  # fail here, naming the key, rather than in the test that uses it

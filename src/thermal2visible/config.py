@@ -223,9 +223,14 @@ def _check(params: Params) -> None:
         raise ConfigError(f"train.batch_size: {t.batch_size} is not divisible by devices x num_nodes = {world}")
     if params.early_stop.window < 1 or params.early_stop.patience < 1:
         raise ConfigError("early_stop.window/patience: must be >= 1")
+    if params.early_stop.window > t.max_epochs:
+        raise ConfigError(f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs {t.max_epochs}, "
+                          "so no smoothed PSNR (and no best model) would ever exist")
+    if params.loader.jitter_scale < 1:
+        raise ConfigError(f"loader.jitter_scale: {params.loader.jitter_scale} must be >= 1 (resize up, then crop back)")
 
 
-def _apply_override(raw: dict, override: str) -> None:
+def apply_override(raw: dict, override: str) -> None:
     """`section.key=value`, the value parsed as YAML (as `dvc exp run -S` does)."""
     dotted, sep, value = override.partition("=")
     section, dot, key = dotted.partition(".")
@@ -248,7 +253,7 @@ def load_params(path: str | Path = "params.yaml", overrides: typing.Sequence[str
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections")
     for override in overrides:
-        _apply_override(raw, override)
+        apply_override(raw, override)
     hints = typing.get_type_hints(Params)
     known = {f.name for f in dataclasses.fields(Params)}
     unknown = sorted(set(raw) - known)

@@ -18,7 +18,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from thermal2visible.cli import PipelineError
-from thermal2visible.config import ConfigError, LoaderConfig
+from thermal2visible.config import LoaderConfig
 from thermal2visible.data.cache import load_manifest, load_split
 from thermal2visible.data.ingest import SPLITS
 
@@ -80,8 +80,6 @@ class PairedDataModule(LightningDataModule):
     def __init__(self, cache_dir: str | Path, batch_size: int, loader: LoaderConfig):
         """batch_size is per process."""
         super().__init__()
-        if loader.jitter_scale < 1:
-            raise ConfigError(f"loader.jitter_scale: {loader.jitter_scale} must be >= 1 (it enlarges, then crops)")
         self.cache_dir, self.batch_size, self.loader = Path(cache_dir), batch_size, loader
         self.manifest = load_manifest(cache_dir)
         self.thermal_channels = self.manifest["thermal_channels"]

@@ -1,0 +1,95 @@
+"""Stage `evaluate`: PSNR / SSIM / MSE of models/generator.pt on the test split, beside two trivial baselines.
+
+Baselines: the mean visible face of the training split (the best a model that ignores its input can do in MSE),
+and the thermal image itself replicated to the visible channels. Writes metrics/eval.json and
+reports/eval_grid.png (rows thermal | generated | real); the run is tracked in MLflow.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.config import Params
+from thermal2visible.data.datamodule import PairedDataModule, model_batch
+from thermal2visible.metrics import image_scores, score_means, to_unit
+from thermal2visible.models.generator import load_generator
+from thermal2visible.tracking import comparison_grid, data_hash, log_artifact, save_grid, start_run
+
+CACHE = Path("data/cache")
+GENERATOR = Path("models/generator.pt")
+EVAL_JSON = Path("metrics/eval.json")
+GRID = Path("reports/eval_grid.png")
+GRID_FACES = 8
+
+
+def mean_training_face(visible_channels: int) -> torch.Tensor:
+    """(Cv,S,S) in [-1,1]: the pixel-wise mean of the training split's visible images."""
+    visible = np.load(CACHE / "train_visible.npy", mmap_mode="r")
+    mean = visible.mean(axis=0, dtype=np.float64) / 255.0 * 2 - 1
+    return torch.from_numpy(mean.astype(np.float32)).permute(2, 0, 1)[:visible_channels]
+
+
+def as_visible(thermal: torch.Tensor, visible_channels: int) -> torch.Tensor:
+    """The thermal image shown as a visible one: grey replicated to RGB (or RGB averaged to grey)."""
+    if thermal.shape[1] == visible_channels:
+        return thermal
+    if thermal.shape[1] == 1:
+        return thermal.expand(-1, visible_channels, -1, -1)
+    return thermal.mean(dim=1, keepdim=True)
+
+
+@torch.inference_mode()
+def evaluate(generator: torch.nn.Module, data: PairedDataModule) -> tuple[dict, np.ndarray | None]:
+    channels = data.visible_channels
+    mean_face = mean_training_face(channels)
+    scores = {name: score_means() for name in ("generator", "baseline_mean_image", "baseline_thermal")}
+    grid = None
+    for batch in data.test_dataloader():
+        batch = model_batch(batch, jitter_scale=None)  # cached integers -> model space
+        thermal, real = batch["thermal"], batch["visible"]
+        generated = generator(thermal)
+        predictions = {"generator": generated, "baseline_mean_image": mean_face.expand_as(real),
+                       "baseline_thermal": as_visible(thermal, channels)}
+        for name, prediction in predictions.items():
+            for metric, values in image_scores(to_unit(prediction), to_unit(real)).items():
+                scores[name][metric].update(values)
+        if grid is None:
+            grid = comparison_grid(thermal[:GRID_FACES], generated[:GRID_FACES], real[:GRID_FACES])
+    return {name: {metric: float(value) for metric, value in means.compute().items()}
+            for name, means in scores.items()}, grid
+
+
+def main(params: Params) -> None:
+    generator, payload = load_generator(GENERATOR)
+    data = PairedDataModule(CACHE, params.train.batch_size, params.loader)
+    size, thermal_channels = data.manifest["image_size"], data.thermal_channels
+    if (payload["model"]["image_size"], payload["model"]["in_channels"]) != (size, thermal_channels):
+        raise PipelineError(f"{GENERATOR}: made for {payload['model']['image_size']} px, "
+                            f"{payload['model']['in_channels']}-channel thermal; {CACHE} holds {size} px, "
+                            f"{thermal_channels}-channel (re-run train)")
+    data.setup("test")
+    if data.manifest["counts"]["test"] == 0:
+        raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
+    results, grid = evaluate(generator, data)
+    report = {"test_images": data.manifest["counts"]["test"], **results}
+    EVAL_JSON.parent.mkdir(parents=True, exist_ok=True)
+    EVAL_JSON.write_text(json.dumps(report, indent=2) + "\n")
+    save_grid(grid, GRID)
+
+    logger = start_run(params, "evaluate", ("mlflow",), tags={
+        "data_hash": data_hash(CACHE), "train_run_id": str(payload.get("mlflow_run_id"))})
+    logger.log_metrics({f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
+                        for name, values in results.items() for metric, value in values.items()})
+    for path in (EVAL_JSON, GRID):
+        log_artifact(logger, path)
+    logger.finalize("success")
+    ours, mean_face, thermal = (results[name]["psnr"] for name in ("generator", "baseline_mean_image",
+                                                                     "baseline_thermal"))
+    print(f"evaluate: test PSNR {ours:.2f} dB (mean-image baseline {mean_face:.2f}, thermal baseline "
+          f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; {EVAL_JSON}, {GRID}")
+
+
+if __name__ == "__main__":
+    run_stage(main, __doc__)

@@ -1,0 +1,73 @@
+"""export: models/generator.pt -> models/generator.onnx, checked against PyTorch on the real test images.
+
+Writes metrics/export.json (parity error, size, opset, onnxruntime vs torch latency) and, with
+`export.int8`, models/generator.int8.onnx plus its size, latency and PSNR against the fp32 model.
+The .onnx is written beside its final path and moved there only after the parity check passed, so a
+failing export never leaves a model behind for `register` to pick up.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.config import Params
+from thermal2visible.export import (cache_to_model_input, check_parity, export_generator, median_latency_ms, psnr,
+                                    quantize_int8, run_onnx, run_torch)
+from thermal2visible.models.generator import load_generator
+from thermal2visible.serving import onnx_session
+
+GENERATOR = Path("models/generator.pt")
+ONNX = Path("models/generator.onnx")
+INT8 = Path("models/generator.int8.onnx")
+CACHE = Path("data/cache")
+METRICS = Path("metrics/export.json")
+CALIBRATION_IMAGES = 64
+
+
+def load_split(split: str, image_size: int) -> np.ndarray:
+    path = CACHE / f"{split}_thermal.npy"
+    if not path.is_file():
+        raise PipelineError(f"{path}: no cached {split} images (run the preprocess stage first)")
+    images = cache_to_model_input(np.load(path, mmap_mode="r"))
+    if images.shape[-1] != image_size:
+        raise PipelineError(f"{path}: images are {images.shape[-1]} px but the generator was trained at "
+                            f"{image_size} px (re-run preprocess and train)")
+    return images
+
+
+def main(params: Params) -> None:
+    generator, payload = load_generator(GENERATOR)
+    image_size = payload["model"]["image_size"]
+    test = load_split("test", image_size)
+
+    staged = ONNX.with_suffix(".onnx.partial")
+    export_generator(generator, payload, staged, params.export.opset)
+    session = onnx_session(staged)
+    try:
+        error = check_parity(session, generator, test, params.export.atol)
+    except PipelineError:
+        staged.unlink()
+        raise
+    staged.replace(ONNX)
+
+    one = test[:1]
+    metrics = {"parity_max_abs_error": error, "parity_images": len(test), "atol": params.export.atol,
+               "parity_passed": True, "opset": params.export.opset, "size_bytes": ONNX.stat().st_size,
+               "ort_latency_ms": median_latency_ms(lambda x: run_onnx(session, x), one),
+               "torch_latency_ms": median_latency_ms(lambda x: run_torch(generator, x), one)}
+    if params.export.int8:
+        quantize_int8(ONNX, INT8, load_split("train", image_size)[:CALIBRATION_IMAGES])
+        int8 = onnx_session(INT8)
+        metrics |= {"int8_size_bytes": INT8.stat().st_size,
+                    "int8_latency_ms": median_latency_ms(lambda x: run_onnx(int8, x), one),
+                    "int8_psnr_vs_fp32": psnr(run_onnx(session, test), run_onnx(int8, test))}
+    METRICS.parent.mkdir(parents=True, exist_ok=True)
+    METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+    print(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    run_stage(main, description=__doc__.splitlines()[0])

@@ -1,0 +1,104 @@
+"""Stage `train`: Pix2Pix on data/cache with PSNR early stopping, resumable, tracked in MLflow.
+
+Writes models/generator.pt (the generator of the best smoothed-PSNR epoch), metrics/train.json (the stopping
+decision; `seconds` is this invocation's wall time), metrics/psnr.csv, reports/psnr_curve.png; keeps resume state
+in checkpoints/ (last.ckpt + best_generator.pt). models/generator.pt is written only when training ends normally.
+Under DDP (train.devices x train.num_nodes > 1) every process runs this script; only rank 0 writes files or logs.
+"""
+import csv
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from lightning.pytorch import seed_everything
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.config import Params
+from thermal2visible.data.datamodule import PairedDataModule
+from thermal2visible.models.recognizer import load_recognizer
+from thermal2visible.tracking import ImageGridLogger, data_hash, log_artifact, save_psnr_curve, start_run
+from thermal2visible.training.early_stopping import PsnrEarlyStopping
+from thermal2visible.training.module import Pix2Pix
+from thermal2visible.training.trainer import (build_trainer, checkpointing, find_resume, per_process_batch,
+                                              resolve_accelerator, resolve_precision, run_fingerprint, world_size)
+
+CACHE = Path("data/cache")
+RECOGNIZER = Path("models/recognizer.pt")
+GENERATOR = Path("models/generator.pt")
+CHECKPOINTS = Path("checkpoints")
+BEST = CHECKPOINTS / "best_generator.pt"
+TRAIN_JSON, PSNR_CSV, CURVE = Path("metrics/train.json"), Path("metrics/psnr.csv"), Path("reports/psnr_curve.png")
+LOGGED_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")
+
+
+def identity_recognizer(params: Params, identities: list[str]):
+    """(frozen recognizer, its file hash) when the identity loss is on, else (None, None): never read otherwise."""
+    if params.train.lambda_id == 0:
+        return None, None
+    if not identities:
+        raise PipelineError(f"train.lambda_id is {params.train.lambda_id} but {CACHE}/manifest.json has no identities "
+                            "(put each person's images in their own folder, or set train.lambda_id: 0)")
+    return load_recognizer(RECOGNIZER, identities)
+
+
+def write_outputs(stop: PsnrEarlyStopping, seconds: float, run_id: str | None) -> dict:
+    GENERATOR.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(BEST, GENERATOR.with_name(GENERATOR.name + ".tmp"))
+    os.replace(GENERATOR.with_name(GENERATOR.name + ".tmp"), GENERATOR)
+    summary = stop.summary() | {"seconds": round(seconds, 1), "mlflow_run_id": run_id}
+    TRAIN_JSON.parent.mkdir(parents=True, exist_ok=True)
+    TRAIN_JSON.write_text(json.dumps(summary, indent=2) + "\n")
+    with PSNR_CSV.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["epoch", "psnr", "psnr_smoothed"])
+        for epoch, (psnr, smoothed) in enumerate(zip(stop.history, stop.smoothed()), start=1):
+            writer.writerow([epoch, f"{psnr:.4f}", "" if smoothed is None else f"{smoothed:.4f}"])
+    save_psnr_curve(CURVE, stop.history, stop.smoothed(), stop.best_epoch, len(stop.history), stop.window)
+    return summary
+
+
+def main(params: Params) -> None:
+    t = params.train
+    if not (CACHE / "manifest.json").is_file():
+        raise PipelineError(f"{CACHE}/manifest.json: missing; run the preprocess stage first (dvc repro preprocess)")
+    seed_everything(t.seed, workers=True, verbose=False)
+    data = PairedDataModule(CACHE, per_process_batch(t), params.loader)
+    recognizer, recognizer_hash = identity_recognizer(params, data.identities)
+    cache_hash = data_hash(CACHE)
+    fingerprint = run_fingerprint(params, cache_hash, recognizer_hash)
+    resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST])
+
+    accelerator = resolve_accelerator(t.accelerator)
+    logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, tags={
+        "data_hash": cache_hash, "fingerprint": fingerprint, "device": accelerator,
+        "precision": resolve_precision(t.precision, accelerator), "world_size": str(world_size(t))})
+    manifest = data.manifest
+    module = Pix2Pix(params.model, t, manifest["image_size"], data.thermal_channels, data.visible_channels, recognizer)
+    stop = PsnrEarlyStopping(params.early_stop.window, params.early_stop.patience, best_path=BEST, metadata={
+        "preprocess": dataclasses.asdict(params.preprocess), "mlflow_run_id": logger.run_id, "data_hash": cache_hash})
+    trainer = build_trainer(t, logger=logger, callbacks=[
+        stop, ImageGridLogger(t.image_log_every), *checkpointing(CHECKPOINTS, fingerprint, logger.run_id)])
+
+    started = time.perf_counter()
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=resume_from)
+    except SIGTERMException:
+        raise PipelineError(f"stopped by SIGTERM after epoch {len(stop.history)}; "
+                            f"run again to continue from {CHECKPOINTS / 'last.ckpt'}") from None
+    if not trainer.is_global_zero:
+        return
+    summary = write_outputs(stop, time.perf_counter() - started, logger.run_id)
+    for path in (GENERATOR, CURVE, PSNR_CSV):
+        log_artifact(logger, path)
+    print(f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "
+          f"(raw {summary['best_psnr']:.2f} dB); stopped at epoch {summary['stopped_epoch']} of at most "
+          f"{t.max_epochs}; {summary['seconds']:.0f} s; {GENERATOR} written"
+          + (f" (continued from {resume_from})" if resume_from else ""))
+
+
+if __name__ == "__main__":
+    run_stage(main, __doc__)

@@ -1,0 +1,91 @@
+"""Stage `train_recognizer`: a small CNN that tells the people apart on the visible training faces.
+
+Pix2Pix uses it, frozen, for the face-identity loss (train.lambda_id > 0). Writes models/recognizer.pt and
+metrics/recognizer.json (validation accuracy). Data without identities gets a recognizer of no identities (and
+a notice): the pipeline still runs, and training refuses train.lambda_id > 0 with a clear error.
+"""
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from torchmetrics.classification import MulticlassAccuracy
+
+from thermal2visible.cli import run_stage
+from thermal2visible.config import Params
+from thermal2visible.data.datamodule import PairedDataModule
+from thermal2visible.models.recognizer import IdentityRecognizer
+from thermal2visible.tracking import data_hash, log_artifact, start_run
+from thermal2visible.training.trainer import resolve_accelerator
+
+CACHE = Path("data/cache")
+RECOGNIZER = Path("models/recognizer.pt")
+METRICS = Path("metrics/recognizer.json")
+
+
+class RecognizerTask(LightningModule):
+    def __init__(self, model: IdentityRecognizer, num_identities: int, lr: float):
+        super().__init__()
+        self.model, self.lr = model, lr
+        self.train_accuracy = MulticlassAccuracy(num_identities, average="micro")
+        self.val_accuracy = MulticlassAccuracy(num_identities, average="micro")
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits = self.model(batch["visible"])
+        loss = F.cross_entropy(logits, batch["identity"])
+        self.train_accuracy(logits, batch["identity"])
+        self.log_dict({"loss": loss, "train_accuracy": self.train_accuracy}, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.val_accuracy(self.model(batch["visible"]), batch["identity"])
+        self.log("val_accuracy", self.val_accuracy, on_step=False, on_epoch=True)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.model.parameters(), lr=self.lr)
+
+
+def write(payload: dict, metrics: dict) -> None:
+    RECOGNIZER.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, RECOGNIZER)
+    METRICS.parent.mkdir(parents=True, exist_ok=True)
+    METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def main(params: Params) -> None:
+    cfg = params.recognizer
+    data = PairedDataModule(CACHE, cfg.batch_size, params.loader)
+    identities = data.identities
+    if not identities:
+        write({"identities": []}, {"identities": 0, "val_accuracy": None})
+        print(f"train_recognizer: {CACHE} has no identity labels; no recognizer (train.lambda_id must stay 0)")
+        return
+    seed_everything(cfg.seed, workers=True, verbose=False)
+    model = IdentityRecognizer(data.visible_channels, len(identities), cfg.width)
+    logger = start_run(params, "train_recognizer", ("preprocess", "loader", "recognizer"),
+                       tags={"data_hash": data_hash(CACHE)})
+    task = RecognizerTask(model, len(identities), cfg.lr)
+    # Validation faces are new photos of the training people only when the split is random;
+    # split_by identity holds whole people out, whom a classifier of the training people cannot name.
+    validate = params.preprocess.split_by == "random" and data.manifest["counts"]["val"] > 0
+    trainer = Trainer(max_epochs=cfg.epochs, accelerator=resolve_accelerator(params.train.accelerator), devices=1,
+                      logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
+                      limit_val_batches=1.0 if validate else 0)
+    trainer.fit(task, datamodule=data)
+    metrics = {name: float(value) for name, value in trainer.callback_metrics.items()
+               if name in ("train_accuracy", "val_accuracy")}
+    metrics = {"identities": len(identities), "val_accuracy": metrics.get("val_accuracy"),
+               "train_accuracy": metrics.get("train_accuracy"), "epochs": cfg.epochs}
+    model.cpu()
+    write({"identities": identities, "state_dict": model.state_dict(),
+           "model": {"in_channels": data.visible_channels, "num_identities": len(identities), "width": cfg.width}},
+          metrics)
+    log_artifact(logger, RECOGNIZER)
+    accuracy = "n/a (split_by identity)" if metrics["val_accuracy"] is None else f"{metrics['val_accuracy']:.3f}"
+    print(f"train_recognizer: {len(identities)} identities, validation accuracy {accuracy}; {RECOGNIZER} written")
+
+
+if __name__ == "__main__":
+    run_stage(main, __doc__)

@@ -1,0 +1,96 @@
+"""Translate every thermal image in a folder into a visible PNG, through the same pyfunc REST serving uses.
+
+    python pipelines/translate.py --model models:/thermal2visible@champion --input DIR --output DIR
+
+--model takes any MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, runs:/...) or a .onnx file
+from `export`, which is wrapped into the same pyfunc first. Images (PNG/JPEG/TIFF, 8/16-bit, any size)
+are found recursively; each OUTPUT/<relative path>.png has the size of its input. A bad image is reported
+by name and skipped; the command then exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import mlflow.pyfunc
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from tqdm import tqdm
+
+from thermal2visible.cli import PipelineError
+from thermal2visible.config import ServeConfig
+from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
+from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
+
+
+def load_model(model: str, max_pixels: int, scratch: Path) -> mlflow.pyfunc.PyFuncModel:
+    if model.endswith(".onnx"):
+        if not Path(model).is_file():
+            raise PipelineError(f"{model}: no such ONNX file")
+        mlflow.pyfunc.save_model(scratch / "pyfunc", **pyfunc_arguments(model, max_pixels))
+        model = str(scratch / "pyfunc")
+    try:
+        return mlflow.pyfunc.load_model(model, model_config={"max_pixels": max_pixels})
+    except MlflowException as error:
+        raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
+
+
+def find_images(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        raise PipelineError(f"{folder}: no such input folder")
+    images = sorted(path for path in folder.rglob("*") if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES)
+    if not images:
+        raise PipelineError(f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) found")
+    outputs = [path.relative_to(folder).with_suffix(".png") for path in images]
+    if len(set(outputs)) != len(outputs):
+        clash = next(out for out in outputs if outputs.count(out) > 1)
+        raise PipelineError(f"{folder}: two images would both be written as {clash} (same name, other format)")
+    return images
+
+
+def translate(model: mlflow.pyfunc.PyFuncModel, images: list[Path], source: Path, target: Path) -> list[str]:
+    """Write one PNG per image; return the errors of the images that could not be translated."""
+    errors = []
+    for path in tqdm(images, desc="translating", unit="image"):
+        try:
+            request = pd.DataFrame({IMAGE: [to_base64(read_bytes(path))]})
+            visible = base64.b64decode(model.predict(request)[IMAGE][0])
+        except (MlflowException, PipelineError) as error:
+            errors.append(f"{path}: {getattr(error, 'message', error)}")
+            continue
+        out = target / path.relative_to(source).with_suffix(".png")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(visible)
+    return errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="MLflow model URI or a .onnx file")
+    parser.add_argument("--input", required=True, type=Path, help="folder of thermal images")
+    parser.add_argument("--output", required=True, type=Path, help="folder for the visible PNGs")
+    parser.add_argument("--max-pixels", type=int, default=ServeConfig.max_pixels,
+                        help=f"largest image accepted, width x height (default {ServeConfig.max_pixels})")
+    args = parser.parse_args()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    try:
+        images = find_images(args.input)
+        with tempfile.TemporaryDirectory() as scratch:
+            model = load_model(args.model, args.max_pixels, Path(scratch))
+            errors = translate(model, images, args.input, args.output)
+    except PipelineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    print(f"translated {len(images) - len(errors)} of {len(images)} images into {args.output}")
+    if errors:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The trained generator as one self-contained ONNX file, checked against PyTorch on real images.
+
+The graph is the generator alone: (B,Ct,S,S) float32 in [-1,1] -> (B,Cv,S,S) in [-1,1], batch axis dynamic.
+Everything a server needs to feed it (image size, channels, the preprocess settings training used) rides
+along as `metadata_props`, so the .onnx file alone is enough to reproduce training's input pipeline.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+from skimage.metrics import peak_signal_noise_ratio
+
+from thermal2visible.cli import PipelineError
+
+INPUT_NAME = "thermal"
+OUTPUT_NAME = "visible"
+
+
+def cache_to_model_input(thermal: np.ndarray) -> np.ndarray:
+    """Cache layout (N,H,W,C) uint16 of [0,1] x 65535 -> the generator's (N,C,H,W) float32 in [-1,1]."""
+    scaled = np.asarray(thermal, dtype=np.float32) / 65535.0
+    return np.ascontiguousarray(scaled.transpose(0, 3, 1, 2) * 2.0 - 1.0)
+
+
+def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opset: int) -> None:
+    """Write `generator` (eval mode: dropout off, batch norm on its running statistics) to `path`, with
+    the model settings, preprocess settings and lineage of its `generator.pt` payload as metadata."""
+    config = payload["model"]
+    metadata = {"opset": opset, "image_size": config["image_size"], "in_channels": config["in_channels"],
+                "out_channels": config["out_channels"], "input_range": [-1, 1], "preprocess": payload["preprocess"],
+                "training_run_id": payload.get("mlflow_run_id"), "data_hash": payload.get("data_hash")}
+    generator.eval()
+    size = config["image_size"]
+    # Batch 2 as the example: torch.export specialises a dimension it sees as 1.
+    example = torch.zeros(2, config["in_channels"], size, size)
+    # The dynamo exporter is the maintained one (the TorchScript exporter is deprecated since torch 2.9);
+    # we take its in-memory model instead of letting it save, so the weights can never land in a sidecar
+    # `.onnx.data` file that a pyfunc's `artifacts=` would not copy.
+    program = torch.onnx.export(
+        generator, (example,), dynamo=True, opset_version=opset, verbose=False,
+        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        dynamic_shapes=({0: torch.export.Dim("batch")},))
+    model = program.model_proto
+    onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in metadata.items()})
+    model.doc_string = "thermal2visible pix2pix generator: thermal in [-1,1] (NCHW) -> visible in [-1,1]"
+    onnx.checker.check_model(model, full_check=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, path)
+
+
+def run_onnx(session: ort.InferenceSession, batch: np.ndarray) -> np.ndarray:
+    return session.run([OUTPUT_NAME], {INPUT_NAME: batch})[0]
+
+
+def run_torch(generator: torch.nn.Module, batch: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return generator(torch.from_numpy(batch)).numpy()
+
+
+def in_chunks(images: np.ndarray, chunk: int = 16):
+    for start in range(0, len(images), chunk):
+        yield images[start:start + chunk]
+
+
+def check_parity(session: ort.InferenceSession, generator: torch.nn.Module, images: np.ndarray,
+                 atol: float) -> float:
+    """Max |onnxruntime - torch| over `images` (model input layout); PipelineError when above `atol`."""
+    if len(images) == 0:
+        raise PipelineError("parity check: no test images to compare onnxruntime with PyTorch on")
+    generator.eval()
+    error = max(float(np.abs(run_onnx(session, chunk) - run_torch(generator, chunk)).max())
+                for chunk in in_chunks(images))
+    if not error <= atol:  # also catches NaN
+        raise PipelineError(f"ONNX parity check failed: max |onnxruntime - torch| = {error:.3g} on "
+                            f"{len(images)} test images exceeds export.atol = {atol:g}")
+    return error
+
+
+def median_latency_ms(predict: Callable[[np.ndarray], object], image: np.ndarray, repeats: int = 20) -> float:
+    """Median wall time of one call on a batch of one image, after two warm-up calls."""
+    for _ in range(2):
+        predict(image)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        predict(image)
+        times.append(time.perf_counter() - start)
+    return 1000.0 * statistics.median(times)
+
+
+class _Calibration(CalibrationDataReader):
+    """Feeds training images one at a time to onnxruntime's static-quantization range collector."""
+
+    def __init__(self, images: np.ndarray):
+        self._batches = iter([{INPUT_NAME: image[None]} for image in images])
+
+    def get_next(self):
+        return next(self._batches, None)
+
+
+def quantize_int8(fp32_path: Path, int8_path: Path, calibration_images: np.ndarray) -> None:
+    """Static int8 quantization in QDQ form, activation ranges calibrated on `calibration_images`."""
+    quantize_static(str(fp32_path), str(int8_path), _Calibration(calibration_images),
+                    quant_format=QuantFormat.QDQ, per_channel=True)
+    # quantize_static keeps neither our metadata nor the doc string; the int8 file must stand alone too.
+    fp32, int8 = onnx.load(fp32_path), onnx.load(int8_path)
+    onnx.helper.set_model_props(int8, {prop.key: prop.value for prop in fp32.metadata_props})
+    onnx.save_model(int8, int8_path)
+
+
+def psnr(reference: np.ndarray, test: np.ndarray) -> float:
+    """PSNR in dB of generator outputs in [-1,1] (data range 2)."""
+    return float(peak_signal_noise_ratio(reference, test, data_range=2.0))

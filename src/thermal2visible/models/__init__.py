@@ -1,0 +1,1 @@
+"""The networks: U-Net generator, PatchGAN discriminator, identity recognizer."""

@@ -1,0 +1,123 @@
+"""The pix2pix U-Net generator: thermal (B,Ct,S,S) in [-1,1] -> visible (B,Cv,S,S) in [-1,1].
+
+log2(S) stride-2 encoder levels take the image down to 1x1; each decoder level doubles it back and
+concatenates the encoder output of the same size (the skip connections). At 256 px, ngf 64, batch norm and
+RGB in/out this is exactly the network of the pix2pix paper (54,413,955 parameters).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from thermal2visible.cli import PipelineError
+
+DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
+
+
+def make_norm(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "instance":
+        return nn.InstanceNorm2d(channels)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"norm {kind!r} is not one of batch, instance, none")
+
+
+def init_weights(model: nn.Module) -> None:
+    """pix2pix initialisation: weights N(0, 0.02), batch-norm scales N(1, 0.02), biases 0."""
+    for layer in model.modules():
+        if isinstance(layer, (nn.Conv2d, nn.ConvTranspose2d)):
+            nn.init.normal_(layer.weight, 0.0, 0.02)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.BatchNorm2d):
+            nn.init.normal_(layer.weight, 1.0, 0.02)
+            nn.init.zeros_(layer.bias)
+
+
+class UNetGenerator(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int = 64,
+                 norm: str = "batch", dropout: float = 0.5, recompute: bool = False):
+        super().__init__()
+        levels = int(math.log2(image_size))
+        if image_size < 16 or 2 ** levels != image_size:
+            raise ValueError(f"image_size {image_size} must be a power of two >= 16")
+        if in_channels not in (1, 3):
+            raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
+        self.recompute = recompute
+        # What load_generator needs to rebuild this network (plain types: saved with the weights).
+        self.config = {"in_channels": in_channels, "out_channels": out_channels, "image_size": image_size,
+                       "ngf": ngf, "norm": norm, "dropout": dropout}
+        # Batch norm has its own shift, so the convolutions before it need no bias (as in pix2pix).
+        bias = norm != "batch"
+        width = [ngf * min(2 ** level, 8) for level in range(levels)]
+
+        self.encoder = nn.ModuleList([nn.Conv2d(in_channels, ngf, 4, 2, 1, bias=bias)])
+        for level in range(1, levels):
+            innermost = level == levels - 1
+            self.encoder.append(nn.Sequential(
+                nn.LeakyReLU(0.2),
+                nn.Conv2d(width[level - 1], width[level], 4, 2, 1, bias=bias),
+                nn.Identity() if innermost else make_norm(norm, width[level]),  # a 1x1 map has nothing to normalise
+            ))
+
+        # decoder[level] maps the level's input (skip + upsampled, or the bottleneck alone) to width[level - 1].
+        self.decoder = nn.ModuleList([nn.Sequential(
+            nn.ReLU(), nn.ConvTranspose2d(2 * ngf, out_channels, 4, 2, 1), nn.Tanh())])
+        for level in range(1, levels):
+            innermost = level == levels - 1
+            blocks = [nn.ReLU(),
+                      nn.ConvTranspose2d(width[level] * (1 if innermost else 2), width[level - 1], 4, 2, 1, bias=bias),
+                      make_norm(norm, width[level - 1])]
+            if level >= levels - DROPOUT_LEVELS and dropout > 0:
+                blocks.append(nn.Dropout(dropout))
+            self.decoder.append(nn.Sequential(*blocks))
+        init_weights(self)
+
+    def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and self.training and torch.is_grad_enabled():
+            # Keep only block boundaries; recompute the insides in backward. The RNG state is replayed, so dropout
+            # masks match; batch-norm running statistics do see each batch twice (a slightly faster average).
+            return checkpoint(block, x, use_reentrant=False)
+        return block(x)
+
+    def forward(self, thermal: torch.Tensor) -> torch.Tensor:
+        skips = []
+        x = thermal
+        for block in self.encoder:
+            x = self._run(block, x)
+            skips.append(x)
+        y = self._run(self.decoder[-1], skips.pop())
+        for block in reversed(self.decoder[:-1]):
+            y = self._run(block, torch.cat([skips.pop(), y], dim=1))
+        return y
+
+
+def save_generator(generator: UNetGenerator, path: str | Path, **metadata) -> None:
+    """Weights + config + `metadata` (plain types) as models/generator.pt wants them; written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {name: value.detach().cpu().contiguous() for name, value in generator.state_dict().items()}
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save({"state_dict": state, "model": dict(generator.config), **metadata}, temporary)
+    os.replace(temporary, path)
+
+
+def load_generator(path: str | Path) -> tuple[UNetGenerator, dict]:
+    """The generator saved by `train` (models/generator.pt), in eval mode, and the whole saved payload."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{path}: no trained generator here (run the train stage first)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        generator = UNetGenerator(**payload["model"])
+        generator.load_state_dict(payload["state_dict"])
+    except (KeyError, TypeError, RuntimeError, EOFError) as error:
+        raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
+    return generator.eval(), payload

@@ -1,0 +1,152 @@
+"""The served model: an MLflow pyfunc that turns base64 thermal images into base64 PNG visible images.
+
+One row per image in an `image` column: a base64 PNG, JPEG or TIFF thermal frame, 8- or 16-bit, grey or RGB as
+the model was trained, any size. Each goes through `prepare_thermal` (training's own preprocessing, with the
+settings stored in the .onnx metadata), the ONNX generator under onnxruntime, and is resized back to the
+frame's width x height. REST (`mlflow models serve`) and batch translation both call this class.
+
+A request the model cannot use raises MlflowException(INVALID_PARAMETER_VALUE), which the scoring server
+answers with 400 and the message (naming the row); anything else is a bug in this code and answers 500
+without the traceback, which goes to the server log instead.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib.metadata
+import io
+import json
+import logging
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import onnxruntime as ort
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
+from mlflow.types import ColSpec, Schema
+from PIL import Image
+from skimage.transform import resize
+
+from thermal2visible.config import PreprocessConfig
+from thermal2visible.data.images import BadImage, decode_image
+from thermal2visible.data.preprocess import prepare_thermal
+
+IMAGE = "image"
+SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
+# What the pyfunc imports when it runs (the package itself travels with the model as code_paths).
+REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML")
+
+log = logging.getLogger(__name__)
+
+
+def to_base64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def bad_request(message: str) -> MlflowException:
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+def decode_row(value: object, row: int, max_pixels: int) -> np.ndarray:
+    source = f"row {row}"
+    if not isinstance(value, str):
+        raise bad_request(f"{source}: expected a base64 string, got {type(value).__name__}")
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise bad_request(f"{source}: not valid base64 ({error})") from None
+    try:
+        return decode_image(data, source, max_pixels)
+    except BadImage as error:  # empty, truncated, not an image, too many pixels, 2 or 4 channels
+        raise bad_request(str(error)) from None
+
+
+def onnx_session(path: str | Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def onnx_metadata(session: ort.InferenceSession) -> dict[str, object]:
+    """The `metadata_props` that `export` wrote (image size, channels, preprocess settings, lineage)."""
+    return {key: json.loads(value) for key, value in session.get_modelmeta().custom_metadata_map.items()}
+
+
+class ThermalToVisible(mlflow.pyfunc.PythonModel):
+    """artifacts: {"onnx": the generator from `export`}; model_config: {"max_pixels": largest frame accepted}."""
+
+    def load_context(self, context) -> None:
+        self.session = onnx_session(context.artifacts["onnx"])
+        metadata = onnx_metadata(self.session)
+        settings = {key: tuple(value) if isinstance(value, list) else value
+                    for key, value in metadata["preprocess"].items()}
+        self.preprocess = PreprocessConfig(**settings)
+        self.in_channels = metadata["in_channels"]
+        self.max_pixels = int(context.model_config["max_pixels"])
+
+    def _prepare(self, value: object, row: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """One request value -> ((Ct,S,S) float32 in [-1,1], its frame's height and width), or a 400 naming
+        the row and the problem."""
+        frame = decode_row(value, row, self.max_pixels)
+        channels = 1 if frame.ndim == 2 else frame.shape[2]
+        if channels != self.in_channels:
+            raise bad_request(f"row {row}: thermal image has {channels} channel(s); this model takes "
+                              f"{self.in_channels} ({'grey' if self.in_channels == 1 else 'RGB'})")
+        prepared = prepare_thermal(frame, self.preprocess)
+        return prepared.transpose(2, 0, 1) * 2.0 - 1.0, frame.shape[:2]
+
+    def _render(self, generated: np.ndarray, height: int, width: int) -> str:
+        """(Cv,S,S) in [-1,1] -> base64 PNG, 8-bit, resized back to the request frame's size."""
+        pixels = (generated.transpose(1, 2, 0) + 1.0) / 2.0
+        pixels = resize(pixels, (height, width, pixels.shape[2]), anti_aliasing=height < pixels.shape[0])
+        pixels = np.round(np.clip(pixels, 0.0, 1.0) * 255.0).astype(np.uint8)
+        return to_base64(png_bytes(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels))
+
+    def _translate(self, values: list[object]) -> list[str]:
+        # Every row is checked before any is translated: one bad image fails the request, naming its row.
+        batch, sizes = zip(*(self._prepare(value, row) for row, value in enumerate(values)))
+        generated = self.session.run(None, {self.session.get_inputs()[0].name: np.stack(batch)})[0]
+        return [self._render(image, *size) for image, size in zip(generated, sizes)]
+
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        # MLflow has enforced the signature by now: whatever the request form, a DataFrame with an `image` column.
+        if len(model_input) == 0:
+            raise bad_request(f"no images: the '{IMAGE}' column has 0 rows")
+        try:
+            return pd.DataFrame({IMAGE: self._translate(list(model_input[IMAGE]))})
+        except MlflowException:
+            raise
+        except Exception as error:  # a bug here, not a bad request: 500, traceback in the log only
+            log.exception("translation failed")
+            raise MlflowException(f"internal error while translating: {type(error).__name__}",
+                                  error_code=INTERNAL_ERROR) from None
+
+
+def requirements() -> list[str]:
+    return [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS]
+
+
+def example_request(channels: int) -> pd.DataFrame:
+    """A small gradient frame, 16-bit grey or 8-bit RGB, the input example logged with the model."""
+    ramp = np.linspace(0, 65535, 32 * 32).reshape(32, 32).astype(np.uint16)
+    frame = ramp if channels == 1 else np.dstack([ramp >> 8] * 3).astype(np.uint8)
+    return pd.DataFrame({IMAGE: [to_base64(png_bytes(frame))]})
+
+
+def pyfunc_arguments(onnx_path: str | Path, max_pixels: int) -> dict[str, object]:
+    """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc.
+
+    The package source goes along as `code_paths`, so a registered version keeps the preprocessing it was
+    trained with even after the code here moves on, and serves where the project is not installed.
+    """
+    channels = onnx_metadata(onnx_session(onnx_path))["in_channels"]
+    return dict(python_model=ThermalToVisible(), artifacts={"onnx": str(onnx_path)},
+                code_paths=[str(Path(__file__).parent)], model_config={"max_pixels": max_pixels},
+                signature=SIGNATURE, input_example=example_request(channels), pip_requirements=requirements())

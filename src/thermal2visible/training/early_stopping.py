@@ -1,0 +1,82 @@
+"""PSNR early stopping (paper §3.2): the validation PSNR of each epoch, smoothed by a moving average over `window`
+epochs (the first smoothed value exists at epoch `window`); the generator of the best smoothed epoch is kept, and
+training stops once `patience` epochs pass without a new best.
+
+Epochs are counted from 1 (epoch n = after n epochs of training). The history, best and counter are part of
+Lightning's checkpoint, so a resumed run makes the same decisions as one that was never interrupted.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from thermal2visible.models.generator import save_generator
+
+
+class PsnrEarlyStopping(Callback):
+    def __init__(self, window: int, patience: int, best_path: str | Path | None = None,
+                 metadata: dict | None = None, monitor: str = "val_psnr"):
+        if window < 1 or patience < 1:
+            raise ValueError("window and patience must be >= 1")
+        self.window, self.patience, self.monitor = window, patience, monitor
+        self.best_path = Path(best_path) if best_path else None
+        self.metadata = dict(metadata or {})
+        self.history: list[float] = []
+        self.best_smoothed = -math.inf
+        self.best_epoch = 0  # 0: no smoothed value yet
+        self.wait = 0  # epochs since the best smoothed value
+
+    def smoothed(self) -> list[float | None]:
+        """The moving average at every epoch so far; None until `window` epochs exist."""
+        return [None if epoch < self.window else sum(self.history[epoch - self.window:epoch]) / self.window
+                for epoch in range(1, len(self.history) + 1)]
+
+    @property
+    def should_stop(self) -> bool:
+        return self.best_epoch > 0 and self.wait >= self.patience
+
+    def observe(self, psnr: float) -> bool:
+        """Record one epoch's validation PSNR; True when its smoothed value is a new best."""
+        self.history.append(float(psnr))
+        if len(self.history) < self.window:
+            return False
+        current = self.smoothed()[-1]
+        if current > self.best_smoothed:
+            self.best_smoothed, self.best_epoch, self.wait = current, len(self.history), 0
+            return True
+        self.wait += 1
+        return False
+
+    def summary(self) -> dict:
+        """What metrics/train.json reports about the stopping decision."""
+        return {"best_epoch": self.best_epoch, "stopped_epoch": len(self.history),
+                "best_psnr_smoothed": self.best_smoothed if self.best_epoch else None,
+                "best_psnr": self.history[self.best_epoch - 1] if self.best_epoch else None,
+                "epochs_run": len(self.history)}
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history), "best_smoothed": self.best_smoothed, "best_epoch": self.best_epoch,
+                "wait": self.wait}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = list(state_dict["history"])
+        self.best_smoothed = state_dict["best_smoothed"]
+        self.best_epoch = state_dict["best_epoch"]
+        self.wait = state_dict["wait"]
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Resumed from a run that had already stopped: nothing left to train.
+        trainer.should_stop = trainer.should_stop or self.should_stop
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        psnr = float(trainer.callback_metrics[self.monitor])
+        if self.observe(psnr) and self.best_path and trainer.is_global_zero:
+            save_generator(pl_module.generator, self.best_path, epoch=self.best_epoch,
+                           psnr_smoothed=self.best_smoothed, psnr=psnr, **self.metadata)
+        # Lightning keeps training anyway until train.min_epochs; the decision is the same on every process
+        # because the PSNR is averaged over all of them.
+        trainer.should_stop = trainer.should_stop or self.should_stop

@@ -1,0 +1,201 @@
+"""Pix2Pix as a LightningModule: each batch one discriminator step, then one generator step (manual optimization).
+
+Losses are means over the batch and over the PatchGAN map. Under DDP every process holds an equal shard of the
+global batch and DDP averages the gradients, so the mean of the per-process means is the mean over the global
+batch: two processes take the same step as one process with the whole batch (tests/test_ddp.py).
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from thermal2visible.cli import PipelineError
+from thermal2visible.config import ModelConfig, TrainConfig
+from thermal2visible.metrics import image_scores, score_means, to_unit
+from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
+from thermal2visible.models.generator import UNetGenerator
+
+
+class TrainingDiverged(PipelineError):
+    """Too many steps with a non-finite loss."""
+
+
+def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
+    """The learning rate for `batch_size` when `lr` was tuned for `base_batch_size` (paper §3.3.1, Fig. 7)."""
+    k = batch_size / base_batch_size
+    factors = {"none": 1.0, "sqrt": math.sqrt(k), "linear": k}
+    if rule not in factors:
+        raise ValueError(f"lr_scaling {rule!r} is not one of {sorted(factors)}")
+    return lr * factors[rule]
+
+
+def linear_decay(max_epochs: int, decay_epochs: int) -> Callable[[int], float]:
+    """LR factor per epoch: 1, then a straight line towards 0 over the last `decay_epochs` epochs (as pix2pix)."""
+    return lambda epoch: min(1.0, (max_epochs - epoch) / (decay_epochs + 1))
+
+
+def gan_loss(logits: torch.Tensor, real: bool, mode: str) -> torch.Tensor:
+    """Mean over batch and patch map of how far the discriminator's logits are from "real" (1) or "fake" (0)."""
+    logits = logits.float()
+    target = torch.ones_like(logits) if real else torch.zeros_like(logits)
+    if mode == "vanilla":
+        return F.binary_cross_entropy_with_logits(logits, target)
+    if mode == "lsgan":
+        return F.mse_loss(logits, target)
+    raise ValueError(f"gan_mode {mode!r} is not one of vanilla, lsgan")
+
+
+@contextmanager
+def frozen(network: nn.Module):
+    """No gradients for `network`'s weights inside the block (they still flow through it to its inputs)."""
+    trainable = [weight for weight in network.parameters() if weight.requires_grad]
+    for weight in trainable:
+        weight.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for weight in trainable:
+            weight.requires_grad_(True)
+
+
+class Pix2Pix(LightningModule):
+    def __init__(self, model: ModelConfig, train: TrainConfig, image_size: int, thermal_channels: int,
+                 visible_channels: int, recognizer: nn.Module | None = None):
+        super().__init__()
+        if train.lambda_id > 0 and recognizer is None:
+            raise ValueError("train.lambda_id > 0 needs the identity recognizer")
+        self.automatic_optimization = False
+        self.cfg = train
+        self.generator = UNetGenerator(thermal_channels, visible_channels, image_size, model.ngf, model.norm,
+                                       model.dropout, model.recompute)
+        self.discriminator = PatchDiscriminator(thermal_channels + visible_channels, model.ndf, model.norm,
+                                                patch_layers(image_size))
+        self.recognizer = recognizer if train.lambda_id > 0 else None
+        self.val_scores = score_means(prefix="val_")
+        self.bad_steps = 0
+        self.images_seen = 0
+        self.epoch_started = time.perf_counter()
+        self.train_seconds = 0.0
+        # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
+        # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
+        self.replicas: dict[str, nn.Module] = {}
+        if train.channels_last:
+            self.to(memory_format=torch.channels_last)
+        if train.compile:
+            self.generator.compile()
+            self.discriminator.compile()
+
+    def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
+        """Give G and D a DDP wrapper each, so each backward all-reduces the gradients of its own network only."""
+        self.replicas = {"generator": wrap(self.generator), "discriminator": wrap(self.discriminator)}
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.recognizer is not None:
+            self.recognizer.eval()  # a frozen judge: its batch-norm statistics must not follow generated images
+        return self
+
+    def _images(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        layout = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+        return (batch["thermal"].contiguous(memory_format=layout), batch["visible"].contiguous(memory_format=layout))
+
+    def _all_finite(self, loss: torch.Tensor, buffers: list[torch.Tensor]) -> bool:
+        """True when the loss is finite on every process (all must skip a step together, or DDP hangs).
+
+        A skipped step leaves no trace: batch-norm statistics go back to `buffers`, taken before the step.
+        """
+        bad = (~torch.isfinite(loss.detach())).float()
+        if self.trainer.strategy.reduce(bad, reduce_op="sum").item() == 0:
+            return True
+        for buffer, saved in zip(self._statistics(), buffers):
+            buffer.copy_(saved)
+        self.bad_steps += 1
+        if self.bad_steps > self.cfg.max_bad_steps:
+            raise TrainingDiverged(
+                f"training diverged: {self.bad_steps} steps with a non-finite loss (train.max_bad_steps = "
+                f"{self.cfg.max_bad_steps}) at epoch {self.current_epoch + 1}; lower train.lr_g/lr_d or use "
+                "train.precision: 32-true")
+        return False
+
+    def _statistics(self) -> list[torch.Tensor]:
+        return [*self.generator.buffers(), *self.discriminator.buffers()]
+
+    def training_step(self, batch: dict, batch_idx: int) -> None:
+        opt_g, opt_d = self.optimizers()
+        thermal, real = self._images(batch)
+        buffers = [buffer.clone() for buffer in self._statistics()]  # batch-norm statistics: a few KB
+        generate = self.replicas.get("generator", self.generator)
+        judge = self.replicas.get("discriminator", self.discriminator)
+        fake = generate(thermal)  # once per step; D sees it detached, G's loss backpropagates through it
+
+        # Discriminator: real pairs -> "real", generated pairs -> "fake".
+        loss_d = 0.5 * (gan_loss(judge(thermal, real), True, self.cfg.gan_mode)
+                        + gan_loss(judge(thermal, fake.detach()), False, self.cfg.gan_mode))
+        if not self._all_finite(loss_d, buffers):
+            return
+        opt_d.zero_grad(set_to_none=True)
+        self.manual_backward(loss_d)
+        opt_d.step()
+
+        # Generator: fool the just-updated discriminator, stay close to the real face, keep the person's identity.
+        # D's own module, frozen: this backward touches no D weight, so D's DDP wrapper stays out of it.
+        with frozen(self.discriminator):
+            loss_gan = gan_loss(self.discriminator(thermal, fake), True, self.cfg.gan_mode)
+        loss_l1 = F.l1_loss(fake.float(), real.float())
+        loss_g = loss_gan + self.cfg.lambda_l1 * loss_l1
+        losses = {"loss_d": loss_d, "loss_gan": loss_gan, "loss_l1": loss_l1}
+        if self.recognizer is not None:
+            losses["loss_id"] = F.cross_entropy(self.recognizer(fake).float(), batch["identity"])
+            loss_g = loss_g + self.cfg.lambda_id * losses["loss_id"]
+        losses["loss_g"] = loss_g
+        if not self._all_finite(loss_g, buffers):
+            return
+        opt_g.zero_grad(set_to_none=True)
+        self.manual_backward(loss_g)
+        opt_g.step()
+
+        self.images_seen += len(thermal)
+        self.log_dict({name: value.detach() for name, value in losses.items()}, on_step=False, on_epoch=True,
+                      sync_dist=True, batch_size=len(thermal))
+
+    def on_train_epoch_start(self) -> None:
+        self.images_seen = 0
+        self.epoch_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        self.train_seconds = time.perf_counter() - self.epoch_started  # loading + steps, not validation
+
+    def on_train_epoch_end(self) -> None:
+        opt_g, _ = self.optimizers()
+        images_per_s = self.images_seen * self.trainer.world_size / max(self.train_seconds, 1e-9)
+        # "step" sets the MLflow step: epochs, not Lightning's global_step (which counts both optimizers' steps).
+        self.log_dict({"lr": opt_g.param_groups[0]["lr"], "images_per_s": images_per_s,
+                       "step": float(self.current_epoch + 1)}, sync_dist=True)
+        for scheduler in self.lr_schedulers() or []:
+            scheduler.step()
+
+    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        thermal, real = self._images(batch)
+        fake = self.generator(thermal)
+        for name, values in image_scores(to_unit(fake), to_unit(real)).items():
+            self.val_scores[name].update(values)
+        self.log_dict(self.val_scores, on_step=False, on_epoch=True)
+        self.log("step", float(self.current_epoch + 1), on_step=False, on_epoch=True, sync_dist=True)
+        return fake
+
+    def configure_optimizers(self):
+        t = self.cfg
+        optimizers = [torch.optim.Adam(net.parameters(), scaled_lr(lr, t.batch_size, t.base_batch_size, t.lr_scaling),
+                                       betas=(t.beta1, t.beta2), fused=True if t.fused_adam else None)
+                      for net, lr in ((self.generator, t.lr_g), (self.discriminator, t.lr_d))]
+        if not t.lr_decay_epochs:
+            return optimizers
+        decay = linear_decay(t.max_epochs, t.lr_decay_epochs)
+        return optimizers, [torch.optim.lr_scheduler.LambdaLR(optimizer, decay) for optimizer in optimizers]

@@ -1,0 +1,110 @@
+"""Real MLflow processes for tests: a tracking server and a model server on free 127.0.0.1 ports.
+
+Each runs in its own session (process group), so stopping it reaches the workers it forks too
+(`mlflow models serve` runs uvicorn as a child); the group is stopped in a `finally`, whatever the test did.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+MLFLOW = str(Path(sys.executable).with_name("mlflow"))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def quiet_env(**extra: str) -> dict[str, str]:
+    return os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"} | extra
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the whole process group, SIGKILL whatever is left after `grace_s`."""
+    pgid = process.pid  # start_new_session=True made the child the leader of a group with its own pid
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        if process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(0.2)
+        else:
+            time.sleep(0.2)
+    if _group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    process.wait()
+
+
+def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with code {process.returncode}; its log:\n{log.read_text()[-4000:]}")
+        with contextlib.suppress(requests.ConnectionError):
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.25)
+    raise RuntimeError(f"server not ready at {url} after {timeout_s:.0f} s; its log:\n{log.read_text()[-4000:]}")
+
+
+@contextlib.contextmanager
+def running(command: list[str], ready_path: str, port: int, log: Path, env: dict[str, str],
+            timeout_s: float = 120.0) -> Iterator[str]:
+    """Start `command`, wait until GET `ready_path` answers 200, yield its base URL; always stop it."""
+    base = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent,
+                                   start_new_session=True)
+        try:
+            _wait_ready(process, base + ready_path, log, timeout_s)
+            yield base
+        finally:
+            stop_group(process)
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """`mlflow server` on a SQLite store and a local artifact folder under `root`; yields the tracking URI."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+               "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+               "--port", str(port), "--workers", "1"]
+    # Job execution starts extra machinery that takes the start from ~4 s to ~23 s.
+    env = quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    with running(command, "/health", port, root / "mlflow-server.log", env) as uri:
+        yield uri
+
+
+@contextlib.contextmanager
+def model_server(model_uri: str, root: Path, tracking_uri: str | None = None) -> Iterator[str]:
+    """`mlflow models serve` of `model_uri` in this environment; yields the base URL.
+    `tracking_uri` is where a models:/ or runs:/ URI is looked up."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local",
+               "-h", "127.0.0.1", "-p", str(port)]
+    env = quiet_env(**({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {}))
+    with running(command, "/ping", port, root / "model-server.log", env) as url:
+        yield url

@@ -1,0 +1,100 @@
+"""Real DDP on CPU: 2 gloo processes started by Lightning's own launcher, exactly as `train` starts them.
+
+Lightning's DDP launcher re-runs the current script for every other rank, so the step-equivalence worker is this
+file run as a script (`python tests/test_ddp.py DEVICES OUT`), and the pipeline test runs pipelines/train.py.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, DistributedSampler
+
+from thermal2visible.config import ModelConfig, TrainConfig
+from thermal2visible.training.module import Pix2Pix
+from thermal2visible.training.trainer import build_trainer, per_process_batch
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+GLOBAL_BATCH, STEPS, SIZE = 8, 2, 16
+# No norm and no dropout: nothing in a sample's gradient depends on which process holds it. (Instance norm would
+# do too, but it leaves the biases before it with zero gradient, whose rounding noise Adam blows up to +-lr.)
+TINY = ModelConfig(ngf=8, ndf=8, norm="none", dropout=0.0)
+
+
+def clean_env() -> dict[str, str]:
+    """The test's own MLflow store, never a team server from the environment."""
+    return {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+
+
+class UnshuffledShards(LightningDataModule):
+    """Rank r of n gets samples r, r+n, ...: each global batch holds the single process's batch, in no random
+    order (Lightning's own sampler for training always shuffles, differently from a single process)."""
+
+    def __init__(self, samples: list[dict], batch_size: int):
+        super().__init__()
+        self.samples, self.batch_size = samples, batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        shard = DistributedSampler(self.samples, self.trainer.world_size, self.trainer.global_rank, shuffle=False)
+        return DataLoader(self.samples, batch_size=self.batch_size, sampler=shard)
+
+
+def train_steps(devices: int, out: Path) -> None:
+    """STEPS steps of a tiny Pix2Pix on a fixed, unshuffled set; rank 0 saves the weights to `out`."""
+    torch.manual_seed(0)
+    train = TrainConfig(batch_size=GLOBAL_BATCH, devices=devices, accelerator="cpu", precision="32-true",
+                        channels_last=False, fused_adam=False, max_epochs=1)
+    module = Pix2Pix(TINY, train, SIZE, 1, 3)
+    generator = torch.Generator().manual_seed(1)
+    samples = [{"thermal": torch.rand(1, SIZE, SIZE, generator=generator) * 2 - 1,
+                "visible": torch.rand(3, SIZE, SIZE, generator=generator) * 2 - 1,
+                "identity": torch.tensor(0)} for _ in range(GLOBAL_BATCH * STEPS)]
+    trainer = build_trainer(train, limit_train_batches=STEPS, use_distributed_sampler=False)
+    trainer.fit(module, datamodule=UnshuffledShards(samples, per_process_batch(train)))
+    if trainer.is_global_zero:
+        torch.save(module.state_dict(), out)
+
+
+def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_path):
+    weights = {}
+    for devices in (1, 2):
+        out = tmp_path / f"devices{devices}.pt"
+        result = subprocess.run([sys.executable, __file__, str(devices), str(out)], cwd=REPO, env=clean_env(),
+                                capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stdout + result.stderr
+        weights[devices] = torch.load(out, weights_only=True)
+    torch.manual_seed(0)
+    initial = Pix2Pix(TINY, TrainConfig(batch_size=GLOBAL_BATCH), SIZE, 1, 3).state_dict()
+    moved = [name for name in initial if not torch.equal(initial[name], weights[1][name])]
+    assert any(name.startswith("generator.") for name in moved) and any(n.startswith("discriminator.") for n in moved)
+    for name, value in weights[1].items():
+        torch.testing.assert_close(weights[2][name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.timeout(300)
+def test_two_process_training_run_logs_one_mlflow_run(tmp_path, tiny_cache, write_params):
+    from mlflow import MlflowClient
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
+    write_params(tmp_path, "train.devices=2", "train.max_epochs=2", "early_stop.window=1", "early_stop.patience=5")
+    result = subprocess.run([sys.executable, str(REPO / "pipelines" / "train.py")], cwd=tmp_path, env=clean_env(),
+                            capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Starting with 2 processes" in result.stdout + result.stderr
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.tags["world_size"] == "2"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_psnr")] == [1, 2]  # epochs
+    assert (tmp_path / "models" / "generator.pt").is_file()
+
+
+if __name__ == "__main__":
+    train_steps(int(sys.argv[1]), Path(sys.argv[2]))

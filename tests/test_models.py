@@ -1,0 +1,127 @@
+"""The networks: the paper's exact sizes, depth from the image size, norms, dropout, init, recomputation, saving."""
+import pytest
+import torch
+from torch import nn
+
+from thermal2visible.cli import PipelineError
+from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
+from thermal2visible.models.generator import UNetGenerator, load_generator, save_generator
+from thermal2visible.models.recognizer import IdentityRecognizer, load_recognizer
+
+
+def count(model: nn.Module) -> int:
+    return sum(weight.numel() for weight in model.parameters())
+
+
+def test_pix2pix_sizes_at_256_pixels():
+    assert count(UNetGenerator(3, 3, 256, ngf=64, norm="batch")) == 54_413_955
+    discriminator = PatchDiscriminator(6, ndf=64, norm="batch", n_layers=patch_layers(256))
+    assert count(discriminator) == 2_768_705
+    with torch.no_grad():
+        assert discriminator(torch.zeros(1, 3, 256, 256), torch.zeros(1, 3, 256, 256)).shape == (1, 1, 30, 30)
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+@pytest.mark.parametrize("thermal_channels", [1, 3])
+def test_generator_depth_follows_the_image_size(size, thermal_channels):
+    generator = UNetGenerator(thermal_channels, 3, size, ngf=4).eval()
+    assert len(generator.encoder) == size.bit_length() - 1  # log2(size) halvings: down to 1x1
+    with torch.no_grad():
+        out = generator(torch.rand(2, thermal_channels, size, size) * 2 - 1)
+    assert out.shape == (2, 3, size, size)
+    assert out.abs().max() <= 1  # tanh
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_discriminator_leaves_a_patch_map_on_small_images(size):
+    discriminator = PatchDiscriminator(4, ndf=4, n_layers=patch_layers(size))
+    with torch.no_grad():
+        logits = discriminator(torch.zeros(2, 1, size, size), torch.zeros(2, 3, size, size))
+    assert logits.shape[:2] == (2, 1) and min(logits.shape[2:]) >= 2
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        UNetGenerator(1, 3, 48)
+    with pytest.raises(ValueError, match="1 or 3 channels"):
+        UNetGenerator(2, 3, 32)
+
+
+@pytest.mark.parametrize("norm, layer", [("batch", nn.BatchNorm2d), ("instance", nn.InstanceNorm2d), ("none", None)])
+def test_norm_choice(norm, layer):
+    generator = UNetGenerator(1, 3, 32, ngf=4, norm=norm)
+    norms = [m for m in generator.modules() if isinstance(m, (nn.BatchNorm2d, nn.InstanceNorm2d))]
+    assert all(isinstance(m, layer) for m in norms) and (len(norms) > 0) == (layer is not None)
+    # Convolutions carry a bias exactly when no batch norm follows them with its own shift.
+    convs = [m for m in generator.encoder.modules() if isinstance(m, nn.Conv2d)]
+    assert all((conv.bias is None) == (norm == "batch") for conv in convs)
+
+
+def test_dropout_in_the_three_innermost_decoder_blocks():
+    generator = UNetGenerator(1, 3, 64, ngf=4, dropout=0.5)
+    with_dropout = [level for level, block in enumerate(generator.decoder)
+                    if any(isinstance(m, nn.Dropout) and m.p == 0.5 for m in block.modules())]
+    assert with_dropout == [3, 4, 5]  # of levels 0 (outermost) .. 5 (innermost)
+    x = torch.rand(2, 1, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(generator.eval()(x), generator(x))
+        assert not torch.equal(generator.train()(x), generator(x))
+
+
+def test_pix2pix_initialisation():
+    generator = UNetGenerator(3, 3, 128, ngf=32)
+    convs = (nn.Conv2d, nn.ConvTranspose2d)
+    weights = torch.cat([m.weight.detach().flatten() for m in generator.modules() if isinstance(m, convs)])
+    scales = torch.cat([m.weight.detach() for m in generator.modules() if isinstance(m, nn.BatchNorm2d)])
+    assert abs(weights.mean().item()) < 1e-3 and weights.std().item() == pytest.approx(0.02, rel=0.02)
+    assert scales.mean().item() == pytest.approx(1.0, abs=0.01) and scales.std().item() == pytest.approx(0.02, rel=0.2)
+
+
+def test_recomputation_gives_the_same_outputs_and_gradients():
+    torch.manual_seed(0)
+    plain = UNetGenerator(1, 3, 32, ngf=4, dropout=0.5)
+    recomputed = UNetGenerator(1, 3, 32, ngf=4, dropout=0.5, recompute=True)
+    recomputed.load_state_dict(plain.state_dict())
+    x = torch.rand(2, 1, 32, 32)
+    results = []
+    for model in (plain, recomputed):
+        torch.manual_seed(1)  # same dropout masks; recomputation must replay them exactly
+        model(x).square().mean().backward()
+        results.append([weight.grad for weight in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path):
+    generator = UNetGenerator(1, 3, 32, ngf=4, norm="instance").train()
+    generator.to(memory_format=torch.channels_last)
+    path = tmp_path / "models" / "generator.pt"
+    save_generator(generator, path, epoch=7, psnr=21.5, psnr_smoothed=20.0, mlflow_run_id=None,
+                   preprocess={"image_size": 32}, data_hash="abc")
+    loaded, payload = load_generator(path)
+    assert not loaded.training
+    assert payload["epoch"] == 7 and payload["model"] == generator.config
+    assert payload["preprocess"] == {"image_size": 32} and payload["data_hash"] == "abc"
+    x = torch.rand(1, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), generator.eval()(x))
+
+
+def test_load_generator_errors_name_the_file(tmp_path):
+    with pytest.raises(PipelineError, match="no trained generator"):
+        load_generator(tmp_path / "missing.pt")
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    with pytest.raises(PipelineError, match="other.pt: not a generator"):
+        load_generator(tmp_path / "other.pt")
+
+
+def test_recognizer_loads_frozen_for_the_same_identities(tmp_path):
+    model = IdentityRecognizer(3, 4, width=4)
+    path = tmp_path / "recognizer.pt"
+    torch.save({"identities": ["a", "b", "c", "d"], "state_dict": model.state_dict(),
+                "model": {"in_channels": 3, "num_identities": 4, "width": 4}}, path)
+    loaded, digest = load_recognizer(path, ["a", "b", "c", "d"])
+    assert not loaded.training and not any(weight.requires_grad for weight in loaded.parameters())
+    assert loaded(torch.rand(2, 3, 16, 16)).shape == (2, 4) and len(digest) == 64
+    with pytest.raises(PipelineError, match="re-run train_recognizer"):
+        load_recognizer(path, ["a", "b"])

@@ -1,0 +1,188 @@
+"""Pix2Pix LightningModule and Trainer construction: loss math, LR rules, precision, non-finite steps, identity loss."""
+import dataclasses
+import math
+
+import pytest
+import torch
+from lightning.pytorch.plugins import MixedPrecision
+from torch.utils.data import DataLoader
+
+from thermal2visible.config import ConfigError, ModelConfig, Params, TrainConfig
+from thermal2visible.models.recognizer import IdentityRecognizer
+from thermal2visible.training.module import Pix2Pix, TrainingDiverged, gan_loss, linear_decay, scaled_lr
+from thermal2visible.training.trainer import (STAMP, GanDDPStrategy, build_trainer, find_resume, per_process_batch,
+                                              resolve_precision, run_fingerprint)
+
+TINY_MODEL = ModelConfig(ngf=4, ndf=4, norm="batch", dropout=0.5)
+SIZE = 16
+
+
+def tiny_train(**changes) -> TrainConfig:
+    settings = dict(batch_size=2, precision="32-true", max_epochs=1, accelerator="cpu", channels_last=False,
+                    fused_adam=False)
+    return TrainConfig(**(settings | changes))
+
+
+def loader(count=4, batch_size=2, poison=()):
+    """Random pairs as PairedDataModule batches look; samples in `poison` get a NaN thermal image."""
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(count):
+        thermal = torch.rand(1, SIZE, SIZE, generator=generator) * 2 - 1
+        if i in poison:
+            thermal[0, 0, 0] = math.nan
+        samples.append({"thermal": thermal, "visible": torch.rand(3, SIZE, SIZE, generator=generator) * 2 - 1,
+                        "identity": torch.tensor(i % 2)})
+    return DataLoader(samples, batch_size=batch_size)
+
+
+def weights(module):
+    return {name: value.detach().clone() for name, value in module.state_dict().items()}
+
+
+def test_gan_losses_on_known_logits():
+    logits = torch.tensor([[[[2.0, -1.0], [0.0, 3.0]]]])
+    bce_real = torch.log1p(torch.exp(-logits)).mean()  # -log(sigmoid(x))
+    bce_fake = torch.log1p(torch.exp(logits)).mean()  # -log(1 - sigmoid(x))
+    assert gan_loss(logits, True, "vanilla").item() == pytest.approx(bce_real.item())
+    assert gan_loss(logits, False, "vanilla").item() == pytest.approx(bce_fake.item())
+    assert gan_loss(torch.zeros(1, 1, 3, 3), True, "vanilla").item() == pytest.approx(math.log(2))
+    assert gan_loss(logits, True, "lsgan").item() == pytest.approx((1 + 4 + 1 + 4) / 4)  # (x - 1)^2
+    assert gan_loss(logits, False, "lsgan").item() == pytest.approx((4 + 1 + 0 + 9) / 4)  # x^2
+    with pytest.raises(ValueError, match="gan_mode"):
+        gan_loss(logits, True, "wgan")
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "lsgan"])
+def test_patch_mean_of_shards_is_the_mean_of_the_global_batch(mode):
+    """What makes DDP exact: equal shards' means, averaged, are the global batch's mean over all patches."""
+    logits = torch.randn(8, 1, 6, 6)
+    whole = gan_loss(logits, True, mode)
+    shards = (gan_loss(logits[:4], True, mode) + gan_loss(logits[4:], True, mode)) / 2
+    assert shards.item() == pytest.approx(whole.item(), rel=1e-6)
+    per_patch = gan_loss(logits.reshape(-1, 1, 1, 1)[:1], True, mode)  # one patch alone
+    assert per_patch.item() != pytest.approx(whole.item())
+
+
+def test_learning_rate_scaling_rules():
+    assert scaled_lr(2e-4, 64, 1, "none") == 2e-4
+    assert scaled_lr(2e-4, 64, 1, "sqrt") == pytest.approx(1.6e-3)
+    assert scaled_lr(2e-4, 4, 1, "linear") == pytest.approx(8e-4)
+    assert scaled_lr(2e-4, 4, 16, "linear") == pytest.approx(5e-5)
+    with pytest.raises(ValueError, match="lr_scaling"):
+        scaled_lr(2e-4, 4, 1, "cubic")
+
+
+def test_linear_decay_over_the_last_epochs():
+    decay = linear_decay(max_epochs=10, decay_epochs=3)
+    assert [round(decay(epoch), 3) for epoch in range(10)] == [1] * 7 + [0.75, 0.5, 0.25]
+
+
+def test_precision_mapping(capsys):
+    assert resolve_precision("16-mixed", "cpu") == "bf16-mixed"
+    assert capsys.readouterr().out.count("\n") == 1  # a one-line notice
+    assert resolve_precision("16-mixed", "gpu") == "16-mixed"
+    assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+    assert resolve_precision("32-true", "cpu") == "32-true"
+    assert capsys.readouterr().out == ""
+
+
+def test_trainer_settings_from_params():
+    assert build_trainer(tiny_train(precision="16-mixed")).precision == "bf16-mixed"
+    ddp = build_trainer(tiny_train(devices=2, batch_size=8)).strategy
+    assert isinstance(ddp, GanDDPStrategy) and ddp.num_processes == 2
+    assert ddp._get_process_group_backend() == "gloo" and ddp._ddp_kwargs == {"gradient_as_bucket_view": True}
+    assert per_process_batch(tiny_train(devices=2, num_nodes=2, batch_size=8)) == 2
+    with pytest.raises(ConfigError, match="sync_batchnorm.*GPU"):
+        build_trainer(tiny_train(sync_batchnorm=True))
+    with pytest.raises(ConfigError, match="train.strategy"):
+        build_trainer(tiny_train(strategy="fsdp"))
+
+
+class ScaleProbe(Pix2Pix):
+    """Records, for each backward, the stored gradient of one weight over its true (unscaled) gradient."""
+
+    ratios: list
+
+    def manual_backward(self, loss, *args, **kwargs):
+        network = self.discriminator if not self.ratios else self.generator
+        weight = next(network.parameters())
+        true = torch.autograd.grad(loss, weight, retain_graph=True)[0].float()
+        super().manual_backward(loss, *args, **kwargs)
+        large = true.abs() > true.abs().max() * 0.1
+        self.ratios.append((weight.grad.float()[large] / true[large]).median().item())
+
+
+def test_fp16_loss_scaling_goes_through_the_precision_plugin():
+    """16-mixed with a GradScaler (forced on CPU here): backward sees the scaled loss, the step unscales."""
+    module = ScaleProbe(TINY_MODEL, tiny_train(), SIZE, 1, 3)
+    module.ratios = []
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    trainer = build_trainer(tiny_train(), precision=None, limit_train_batches=1,
+                            plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer.fit(module, train_dataloaders=loader())
+    assert module.ratios == pytest.approx([2.0 ** 10] * 2, rel=0.05)  # the D step, then the G step
+    assert scaler._growth_tracker.item() == 2  # both optimizer steps went through scaler.step/update
+
+
+def test_non_finite_losses_skip_the_step_then_stop_the_run():
+    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=1), SIZE, 1, 3)
+    before = weights(module)
+    trainer = build_trainer(tiny_train(max_bad_steps=1))
+    with pytest.raises(TrainingDiverged, match="2 steps with a non-finite loss.*max_bad_steps = 1"):
+        trainer.fit(module, train_dataloaders=loader(poison={0, 2}))
+    after = weights(module)
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed == set()  # no optimizer step, and batch-norm statistics rolled back
+
+
+def test_a_bad_step_is_skipped_and_training_goes_on():
+    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+    trainer = build_trainer(tiny_train(max_bad_steps=5))
+    trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
+    assert module.bad_steps == 1 and math.isfinite(trainer.callback_metrics["loss_g"].item())
+
+
+def test_identity_loss_uses_a_frozen_recognizer():
+    recognizer = IdentityRecognizer(3, 2, width=4).eval().requires_grad_(False)
+    frozen = weights(recognizer)
+    module = Pix2Pix(TINY_MODEL, tiny_train(lambda_id=1.0), SIZE, 1, 3, recognizer=recognizer)
+    trainer = build_trainer(tiny_train(lambda_id=1.0))
+    trainer.fit(module, train_dataloaders=loader())
+    assert not module.recognizer.training  # Lightning's train() did not wake it
+    assert all(torch.equal(frozen[name], value) for name, value in weights(module.recognizer).items())
+    assert trainer.callback_metrics["loss_id"].item() > 0
+    with pytest.raises(ValueError, match="lambda_id"):
+        Pix2Pix(TINY_MODEL, tiny_train(lambda_id=1.0), SIZE, 1, 3)
+
+
+def test_learning_rates_decay_linearly_at_the_end():
+    train = tiny_train(max_epochs=3, lr_decay_epochs=2, lr_g=1e-3)
+    module = Pix2Pix(TINY_MODEL, train, SIZE, 1, 3)
+    trainer = build_trainer(train)
+    trainer.fit(module, train_dataloaders=loader())
+    assert trainer.callback_metrics["lr"].item() == pytest.approx(1e-3 / 3)  # epoch 3 of 3: 1/3 of the rate
+
+
+def test_run_fingerprint_covers_what_defines_the_run():
+    base = Params()
+    same = run_fingerprint(base, "data-md5")
+    assert run_fingerprint(dataclasses.replace(base, train=tiny_train(resume="never")), "data-md5") != same
+    assert run_fingerprint(dataclasses.replace(base, train=dataclasses.replace(base.train, resume="never")),
+                           "data-md5") == same  # how to resume is not what is trained
+    assert run_fingerprint(base, "other-data") != same and run_fingerprint(base, "data-md5", "recognizer") != same
+    assert run_fingerprint(dataclasses.replace(base, model=TINY_MODEL), "data-md5") != same
+
+
+def test_resume_only_a_checkpoint_of_the_same_run(tmp_path, capsys):
+    last, best = tmp_path / "last.ckpt", tmp_path / "best_generator.pt"
+    torch.save({STAMP: {"fingerprint": "abc", "mlflow_run_id": "run-1"}, "state_dict": {}}, last)
+    best.write_bytes(b"weights")
+    assert find_resume(tmp_path, "abc", "auto", stale=[best]) == (last, "run-1")
+    assert find_resume(tmp_path, "abc", "never", stale=[best]) == (None, None) and not best.exists()
+    torch.save({STAMP: {"fingerprint": "abc", "mlflow_run_id": "run-1"}}, last)
+    assert find_resume(tmp_path, "changed", "auto") == (None, None) and not last.exists()
+    assert "belongs to another run" in capsys.readouterr().out
+    last.write_bytes(b"not a checkpoint")
+    assert find_resume(tmp_path, "abc", "auto") == (None, None) and not last.exists()
+    assert "cannot be read" in capsys.readouterr().out

@@ -1,0 +1,191 @@
+"""REST serving: a real `mlflow models serve` of models:/served@champion from a real `mlflow server`."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import requests
+import tifffile
+from mlflow.exceptions import MlflowException
+from PIL import Image
+from servers import mlflow_server, model_server
+from tiny_model import export_tiny
+
+from thermal2visible.registry import register
+from thermal2visible.serving import IMAGE, png_bytes, pyfunc_arguments, to_base64
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_PIXELS = 100_000
+MODEL_URI = "models:/served@champion"
+
+
+def png(pixels: np.ndarray) -> str:
+    return to_base64(png_bytes(pixels))
+
+
+def jpeg(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG")
+    return to_base64(buffer.getvalue())
+
+
+def tiff(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, pixels)
+    return to_base64(buffer.getvalue())
+
+
+def decoded(value: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(value))))
+
+
+rng = np.random.default_rng(0)
+FRAMES = [png(rng.integers(0, 65535, (40, 56), dtype=np.uint16)),   # 16-bit, not square, bigger than the model
+          tiff(rng.integers(0, 65535, (20, 12), dtype=np.uint16)),  # 16-bit TIFF, smaller than the model
+          jpeg(rng.integers(0, 255, (33, 33), dtype=np.uint8))]     # 8-bit JPEG
+SIZES = [(40, 56), (20, 12), (33, 33)]
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory):
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFuncModel:
+    """The champion registered through the server, loaded in this process."""
+    model = export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+        register(model, name="served", experiment="serving-tests", test_psnr=20.0, parity_passed=True,
+                 metrics={}, lineage={}, max_pixels=MAX_PIXELS)
+        return mlflow.pyfunc.load_model(MODEL_URI)
+
+
+@pytest.fixture(scope="module")
+def url(in_process, tracking_uri, tmp_path_factory):
+    with model_server(MODEL_URI, tmp_path_factory.mktemp("serve"), tracking_uri) as base:
+        yield base
+
+
+def invoke(url: str, body: dict) -> requests.Response:
+    return requests.post(f"{url}/invocations", json=body, timeout=60)
+
+
+def test_health_endpoints(url):
+    assert requests.get(f"{url}/ping").status_code == 200
+    assert requests.get(f"{url}/health").status_code == 200
+    assert requests.get(f"{url}/version").text == mlflow.__version__
+
+
+@pytest.mark.parametrize("body", [
+    {"dataframe_split": {"columns": [IMAGE], "data": [[frame] for frame in FRAMES]}},
+    {"dataframe_records": [{IMAGE: frame} for frame in FRAMES]},
+    {"inputs": {IMAGE: FRAMES}},
+    {"instances": [{IMAGE: frame} for frame in FRAMES]},
+], ids=["dataframe_split", "dataframe_records", "inputs", "instances"])
+def test_every_request_form_gives_the_in_process_pixels(url, in_process, body):
+    response = invoke(url, body)
+    assert response.status_code == 200, response.text
+    served = [decoded(row[IMAGE]) for row in response.json()["predictions"]]
+    expected = [decoded(value) for value in in_process.predict(pd.DataFrame({IMAGE: FRAMES}))[IMAGE]]
+    for image, reference, size in zip(served, expected, SIZES, strict=True):
+        assert image.shape[:2] == size and image.dtype == np.uint8
+        np.testing.assert_array_equal(image, reference)
+
+
+def bad_png_header() -> str:
+    data = png_bytes(np.zeros((64, 64), np.uint16))
+    return to_base64(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("body, phrase", [
+    ({"dataframe_split": {"columns": [IMAGE], "data": [[FRAMES[0]], ["%%% not base64"]]}}, "row 1: not valid base64"),
+    ({"dataframe_records": [{IMAGE: to_base64(b"just some text, no image")}]}, "row 0: not a PNG, JPEG or TIFF"),
+    ({"dataframe_records": [{IMAGE: ""}]}, "row 0: empty file"),
+    ({"dataframe_records": [{IMAGE: bad_png_header()}]}, "row 0: truncated or corrupt PNG"),
+    ({"inputs": {IMAGE: [png(np.zeros((8, 8, 3), np.uint8))]}}, "row 0: thermal image has 3 channel(s); this model"),
+    ({"instances": [{IMAGE: png(np.zeros((8, 8, 4), np.uint8))}]}, "row 0: 4 channels; expected 1 (grey) or 3 (RGB)"),
+    ({"dataframe_records": [{IMAGE: png(np.zeros((400, 300), np.uint8))}]},
+     f"row 0: 300x400 = 120000 pixels exceeds max_pixels {MAX_PIXELS} (refused before decoding)"),
+    ({"dataframe_split": {"columns": [IMAGE], "data": []}}, "no images: the 'image' column has 0 rows"),
+    ({"inputs": {IMAGE: []}}, "no images: the 'image' column has 0 rows"),
+    ({"dataframe_records": []}, "Model is missing inputs ['image']"),
+    ({"dataframe_records": [{"picture": FRAMES[0]}]}, "Model is missing inputs ['image']"),
+    ({"instances": [{"picture": FRAMES[0]}]}, "Model is missing inputs ['image']"),
+    ({"dataframe_records": [{IMAGE: 7}]}, "row 0: expected a base64 string, got int"),
+    ({"images": [FRAMES[0]]}, "dataframe_split"),  # no known request key: MLflow lists the accepted ones
+], ids=["not-base64", "not-an-image", "empty", "truncated", "rgb-for-grey-model", "rgba", "too-many-pixels",
+        "zero-rows", "zero-inputs", "empty-records", "wrong-column", "wrong-column-instances", "not-a-string",
+        "unknown-form"])
+def test_bad_request_is_a_clear_400_and_the_server_keeps_serving(url, body, phrase):
+    response = invoke(url, body)
+    assert response.status_code == 400
+    assert phrase in response.json()["message"]
+    assert "Traceback" not in response.text and "stack_trace" not in response.json()
+    assert requests.get(f"{url}/ping").status_code == 200
+
+
+def test_error_echo_of_a_dataframe_request_is_truncated(url):
+    """MLflow echoes the input before the error; for dataframe forms pandas cuts every value to 50 characters."""
+    big = png(np.random.default_rng(1).integers(0, 255, (200, 200, 3), dtype=np.uint8))  # ~160 kB, wrong channels
+    response = invoke(url, {"dataframe_split": {"columns": [IMAGE], "data": [[big]]}})
+    assert response.status_code == 400
+    assert len(response.content) < 1000 < len(big)
+
+
+def test_body_that_is_not_json(url):
+    response = requests.post(f"{url}/invocations", data=b"{not json", headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert "valid JSON" in response.json()["message"]
+
+
+def test_example_client(url, tmp_path):
+    (tmp_path / "thermal.png").write_bytes(base64.b64decode(FRAMES[0]))
+    client = [sys.executable, str(ROOT / "examples" / "client.py"), "--url", url]
+    done = subprocess.run([*client, str(tmp_path / "thermal.png"), str(tmp_path / "visible.png")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert decoded(to_base64((tmp_path / "visible.png").read_bytes())).shape == (*SIZES[0], 3)
+    (tmp_path / "notes.png").write_text("not an image")
+    failed = subprocess.run([*client, str(tmp_path / "notes.png"), str(tmp_path / "out.png")],
+                            capture_output=True, text=True)
+    assert failed.returncode == 1 and "HTTP 400" in failed.stderr and "not a PNG, JPEG or TIFF" in failed.stderr
+
+
+def test_translate_cli_with_the_registered_champion(url, tracking_uri, tmp_path):
+    """The README's batch command, `--model models:/...@champion`, writes what REST answers."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "frame.png").write_bytes(base64.b64decode(FRAMES[0]))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / "translate.py"), "--model", MODEL_URI,
+         "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")], capture_output=True, text=True,
+        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
+    assert done.returncode == 0, done.stderr
+    served = invoke(url, {"dataframe_records": [{IMAGE: FRAMES[0]}]}).json()["predictions"][0][IMAGE]
+    assert (tmp_path / "out" / "frame.png").read_bytes() == base64.b64decode(served)
+
+
+def test_a_fault_in_the_model_is_a_500_without_traceback(tmp_path, tiny_cache):
+    """An .onnx whose metadata disagrees with its graph (preprocess resizes to 16 px, the graph wants 32 px)."""
+    model = onnx.load(export_tiny(tmp_path, tiny_cache))
+    props = {prop.key: json.loads(prop.value) for prop in model.metadata_props}
+    props["preprocess"]["image_size"] = props["image_size"] // 2
+    onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in props.items()})
+    onnx.save_model(model, tmp_path / "mismatched.onnx")
+    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **pyfunc_arguments(tmp_path / "mismatched.onnx", MAX_PIXELS))
+    with pytest.raises(MlflowException) as raised:
+        mlflow.pyfunc.load_model(str(tmp_path / "pyfunc")).predict(pd.DataFrame({IMAGE: FRAMES[:1]}))
+    assert raised.value.get_http_status_code() == 500
+    assert raised.value.message == "internal error while translating: InvalidArgument"

@@ -1,0 +1,96 @@
+"""train -> evaluate as DVC runs them (subprocesses in a project dir) on the tiny cache, with a real MLflow store."""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thermal2visible.models.generator import load_generator
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+# Reliable on the tiny set in seconds: L1 dominates (the GAN term only sharpens), small batches give many steps.
+TINY_TRAINING = ("train.max_epochs=80", "train.batch_size=2", "train.lr_g=0.001", "train.lambda_l1=1000",
+                 "early_stop.window=5", "early_stop.patience=20", "model.dropout=0.0", "train.image_log_every=40")
+
+
+def run(script: str, project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    return subprocess.run([sys.executable, str(REPO / "pipelines" / script), *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=280)
+
+
+@pytest.fixture
+def project(tmp_path, tiny_cache):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
+    return tmp_path
+
+
+@pytest.mark.timeout(400)
+def test_train_then_evaluate_beats_the_mean_face(project, write_params):
+    from mlflow import MlflowClient
+
+    write_params(project, *TINY_TRAINING)
+    trained = run("train.py", project)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    summary = json.loads((project / "metrics" / "train.json").read_text())
+    generator, payload = load_generator(project / "models" / "generator.pt")
+    assert payload["epoch"] == summary["best_epoch"] >= 5 and payload["psnr_smoothed"] == summary["best_psnr_smoothed"]
+    assert payload["data_hash"] and payload["preprocess"]["image_size"] == 32
+    with (project / "metrics" / "psnr.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == summary["epochs_run"] and rows[3]["psnr_smoothed"] == "" and rows[4]["psnr_smoothed"]
+    assert (project / "reports" / "psnr_curve.png").stat().st_size > 10_000
+
+    evaluated = run("evaluate.py", project)
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+    scores = json.loads((project / "metrics" / "eval.json").read_text())
+    assert scores["generator"]["psnr"] > scores["baseline_mean_image"]["psnr"] > scores["baseline_thermal"]["psnr"]
+    assert (project / "reports" / "eval_grid.png").is_file()
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    runs = {run.info.run_name: run for run in client.search_runs(
+        [client.get_experiment_by_name("thermal2visible").experiment_id])}
+    train_run = runs["train"]
+    assert train_run.info.run_id == payload["mlflow_run_id"] == runs["evaluate"].data.tags["train_run_id"]
+    assert train_run.data.params["train.lambda_l1"] == "1000.0" and train_run.data.tags["data_hash"]
+    assert [m.step for m in client.get_metric_history(train_run.info.run_id, "loss_g")] == list(
+        range(1, summary["epochs_run"] + 1))  # one point per epoch, stepped by epoch
+    assert {a.path for a in client.list_artifacts(train_run.info.run_id)} >= {"generator.pt", "psnr_curve.png"}
+    assert runs["evaluate"].data.metrics["test_psnr"] == pytest.approx(scores["generator"]["psnr"])
+
+
+def test_identity_loss_without_identities_or_recognizer_fails_clearly(project, write_params):
+    write_params(project, "train.lambda_id=1.0", "early_stop.window=1")
+    result = run("train.py", project)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "models/recognizer.pt: no recognizer" in result.stderr  # the tiny set has identities, no recognizer yet
+
+
+def test_diverging_settings_stop_with_a_clear_error(project, write_params):
+    write_params(project, "train.lr_g=1.0e+30", "train.lr_d=1.0e+30", "train.max_bad_steps=0",
+                 "train.precision=32-true", "early_stop.window=1")
+    result = run("train.py", project)
+    assert result.returncode == 1 and "training diverged" in result.stderr and "Traceback" not in result.stderr
+    assert not (project / "models" / "generator.pt").exists()
+
+
+def test_recognizer_feeds_the_identity_loss(project, write_params):
+    from mlflow import MlflowClient
+
+    write_params(project, "recognizer.epochs=3", "train.lambda_id=0.5", "train.max_epochs=2", "early_stop.window=1")
+    recognized = run("train_recognizer.py", project)
+    assert recognized.returncode == 0, recognized.stdout + recognized.stderr
+    metrics = json.loads((project / "metrics" / "recognizer.json").read_text())
+    assert metrics["identities"] == 4 and 0 <= metrics["val_accuracy"] <= 1
+
+    trained = run("train.py", project)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    runs = {run.info.run_name: run for run in client.search_runs(
+        [client.get_experiment_by_name("thermal2visible").experiment_id])}
+    assert runs["train"].data.metrics["loss_id"] > 0 and "val_accuracy" in runs["train_recognizer"].data.metrics

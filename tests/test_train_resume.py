@@ -1,0 +1,82 @@
+"""A real training run killed with SIGKILL, then stopped with SIGTERM, then run to the end: one continuous run.
+
+Each interruption hits pipelines/train.py as a subprocess at a random point in an epoch; the next invocation
+must continue from checkpoints/last.ckpt with the same MLflow run, no epoch repeated or skipped, and the
+complete PSNR history.
+"""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+EPOCHS = 40  # tiny epochs take ~0.1 s: enough of them that each interruption lands mid-run
+
+
+def start(project: Path, *args: str) -> subprocess.Popen:
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    return subprocess.Popen([sys.executable, str(REPO / "pipelines" / "train.py"), *args], cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def epochs_in_checkpoint(project: Path) -> int:
+    """Epochs of PSNR history in checkpoints/last.ckpt (0 before the first one)."""
+    path = project / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        return 0
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    return len(next(state["history"] for key, state in checkpoint["callbacks"].items() if "PsnrEarlyStopping" in key))
+
+
+def interrupt_after(process: subprocess.Popen, project: Path, epochs: int, how: signal.Signals) -> str:
+    deadline = time.monotonic() + 180
+    while epochs_in_checkpoint(project) < epochs:
+        assert process.poll() is None, process.communicate()[0]
+        assert time.monotonic() < deadline, "training made no progress"
+        time.sleep(0.02)
+    process.send_signal(how)
+    return process.communicate(timeout=120)[0]
+
+
+@pytest.mark.timeout(400)
+def test_killed_and_terminated_runs_continue_where_they_stopped(tmp_path, tiny_cache, write_params):
+    from mlflow import MlflowClient
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
+    write_params(tmp_path, f"train.max_epochs={EPOCHS}", "early_stop.window=2", f"early_stop.patience={EPOCHS}",
+                 "train.image_log_every=3", "train.batch_size=2")
+
+    first = start(tmp_path)
+    interrupt_after(first, tmp_path, 3, signal.SIGKILL)
+    assert first.returncode == -signal.SIGKILL
+    killed_at = epochs_in_checkpoint(tmp_path)
+
+    second = start(tmp_path)
+    output = interrupt_after(second, tmp_path, killed_at + 2, signal.SIGTERM)
+    assert second.returncode == 1 and "stopped by SIGTERM" in output and "Traceback" not in output, output
+    assert not (tmp_path / "models" / "generator.pt").exists()  # published only by a finished run
+
+    third = start(tmp_path)
+    output = third.communicate(timeout=240)[0]
+    assert third.returncode == 0, output
+    assert "continued from checkpoints/last.ckpt" in output
+
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == ["best_generator.pt", "last.ckpt"]
+    with (tmp_path / "metrics" / "psnr.csv").open() as file:
+        epochs = [int(row["epoch"]) for row in csv.DictReader(file)]
+    assert epochs == list(range(1, EPOCHS + 1))  # every epoch once, across three processes
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_psnr")]
+    # A kill between logging an epoch's PSNR and checkpointing it makes that epoch run (and log) twice.
+    assert sorted(set(steps)) == list(range(1, EPOCHS + 1)) and len(steps) <= EPOCHS + 2

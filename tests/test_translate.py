@@ -1,0 +1,122 @@
+"""Batch translation CLI: every image of a folder, same pixels as REST, bad files named."""
+from __future__ import annotations
+
+import base64
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pytest
+import requests
+import tifffile
+from PIL import Image
+from servers import model_server
+from tiny_model import export_tiny
+
+from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
+
+ROOT = Path(__file__).resolve().parents[1]
+TRANSLATE = ROOT / "pipelines" / "translate.py"
+
+
+@pytest.fixture(scope="module")
+def onnx_model(tmp_path_factory, tiny_cache) -> Path:
+    return export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
+
+
+@pytest.fixture(scope="module")
+def pyfunc_dir(onnx_model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pyfunc") / "model"
+    mlflow.pyfunc.save_model(path, **pyfunc_arguments(onnx_model, max_pixels=1_000_000))
+    return path
+
+
+@pytest.fixture(scope="module")
+def url(pyfunc_dir, tmp_path_factory):
+    with model_server(str(pyfunc_dir), tmp_path_factory.mktemp("serve")) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def frames(tmp_path_factory) -> Path:
+    """A folder of thermal frames: 16-bit PNG, 8-bit PNG in a subfolder, 16-bit TIFF, 8-bit JPEG, odd sizes."""
+    folder = tmp_path_factory.mktemp("thermal")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 65535, (48, 40), dtype=np.uint16)).save(folder / "a.png")
+    (folder / "person").mkdir()
+    Image.fromarray(rng.integers(0, 255, (32, 32), dtype=np.uint8)).save(folder / "person" / "b.png")
+    tifffile.imwrite(folder / "c.tiff", rng.integers(0, 65535, (30, 50), dtype=np.uint16))
+    Image.fromarray(rng.integers(0, 255, (40, 40), dtype=np.uint8)).save(folder / "d.JPG")
+    return folder
+
+
+def run_translate(model: str | Path, source: Path, target: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TRANSLATE), "--model", str(model), "--input", str(source),
+                           "--output", str(target)], capture_output=True, text=True,
+                          env=os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true"})
+
+
+def pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)))
+
+
+@pytest.fixture(scope="module")
+def translated(onnx_model, frames, tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("visible")
+    result = run_translate(onnx_model, frames, target)
+    assert result.returncode == 0, result.stderr
+    assert "translated 4 of 4 images" in result.stdout
+    return target
+
+
+def test_every_frame_becomes_a_png_of_its_size(frames, translated):
+    written = sorted(str(path.relative_to(translated)) for path in translated.rglob("*.png"))
+    assert written == ["a.png", "c.png", "d.png", "person/b.png"]
+    for name, source in [("a.png", "a.png"), ("person/b.png", "person/b.png"), ("d.png", "d.JPG")]:
+        assert pixels((translated / name).read_bytes()).shape == (*Image.open(frames / source).size[::-1], 3)
+    assert pixels((translated / "c.png").read_bytes()).shape == (30, 50, 3)
+
+
+def test_cli_gives_the_rest_pixels(url, frames, translated):
+    for name, source in [("a.png", "a.png"), ("c.png", "c.tiff"), ("d.png", "d.JPG"), ("person/b.png", "person/b.png")]:
+        body = {"dataframe_records": [{IMAGE: to_base64((frames / source).read_bytes())}]}
+        response = requests.post(f"{url}/invocations", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        served = base64.b64decode(response.json()["predictions"][0][IMAGE])
+        np.testing.assert_array_equal(pixels((translated / name).read_bytes()), pixels(served))
+
+
+def test_model_uri_and_onnx_file_agree(pyfunc_dir, frames, translated, tmp_path):
+    result = run_translate(pyfunc_dir, frames, tmp_path)
+    assert result.returncode == 0, result.stderr
+    for path in translated.rglob("*.png"):
+        assert (tmp_path / path.relative_to(translated)).read_bytes() == path.read_bytes()
+
+
+def test_bad_file_is_named_and_the_rest_translated(onnx_model, frames, tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "good.png").write_bytes((frames / "a.png").read_bytes())
+    (source / "broken.png").write_bytes((frames / "a.png").read_bytes()[:100])
+    result = run_translate(onnx_model, source, tmp_path / "out")
+    assert result.returncode == 1
+    assert f"error: {source / 'broken.png'}: row 0: truncated or corrupt PNG data" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["good.png"]
+
+
+@pytest.mark.parametrize("model, folder, message", [
+    ("missing.onnx", "frames", "error: missing.onnx: no such ONNX file"),
+    ("{onnx}", "nowhere", "no such input folder"),
+    ("{onnx}", "empty", "no images (.png, .jpg, .jpeg, .tif, .tiff) found"),
+])
+def test_bad_arguments_say_what_is_wrong(onnx_model, frames, tmp_path, model, folder, message):
+    (tmp_path / "empty").mkdir()
+    source = frames if folder == "frames" else tmp_path / folder
+    result = run_translate(model.format(onnx=onnx_model), source, tmp_path / "out")
+    assert result.returncode == 1
+    assert message in result.stderr and "Traceback" not in result.stderr
