@@ -7,7 +7,10 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
-.PHONY: setup demo test serve clean
+MODEL ?= models:/thermal2visible@champion
+PORT ?= 5001
+
+.PHONY: setup demo test serve ui clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,6 +24,15 @@ setup: $(VENV)/.installed
 
 demo: setup
 	$(VENV)/bin/dvc repro
+	@echo
+	@echo "Serve the champion:  make serve        (REST on http://127.0.0.1:$(PORT), see README: Serving)"
+	@echo "Browse the runs:     make ui           (MLflow UI on http://127.0.0.1:5000)"
+
+serve: setup
+	$(VENV)/bin/mlflow models serve -m $(MODEL) --env-manager local -h 127.0.0.1 -p $(PORT)
+
+ui: setup
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db -h 127.0.0.1 -p 5000
 
 test: setup
 	$(PY) -m pytest

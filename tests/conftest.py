@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,20 @@ def tiny_cache(tmp_path_factory) -> Path:
     index, _ = ingest(work / "raw", "pairs", params.ingest)
     build_cache(index, params.preprocess, params.ingest.max_pixels, work / "cache")
     return work / "cache"
+
+
+@pytest.fixture
+def project_copy(tmp_path) -> Path:
+    """A fresh git + DVC repo holding the project's pipeline files and tiny params, as a user's clone would."""
+    repo = tmp_path / "project"
+    repo.mkdir()
+    for name in ("dvc.yaml", "MLproject", "conda.yaml"):
+        shutil.copy(REPO / name, repo / name)
+    for name in ("pipelines", "src"):
+        shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    _write_params(repo)
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    for command in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "config", "core.analytics", "false"],
+                    ["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
+        subprocess.run(command, cwd=repo, check=True, capture_output=True)
+    return repo

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger
+from mlflow import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from thermal2visible.config import Params
 
@@ -55,9 +57,20 @@ def git_tags() -> dict[str, str]:
 
 def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str, str] | None = None,
               run_id: str | None = None) -> MLFlowLogger:
-    """A new MLflow run logging `params.flat(*sections)` and `tags`, or (run_id) the existing run to continue."""
-    logger = MLFlowLogger(experiment_name=params.mlflow.experiment, run_name=name, tracking_uri=tracking_uri(),
-                          tags={**git_tags(), **(tags or {})}, run_id=run_id)
+    """A new MLflow run logging `params.flat(*sections)` and `tags`, or (run_id) the existing run to continue.
+
+    Under `mlflow run` (which exports MLFLOW_RUN_ID) a new run is that run's child, in its experiment, so one
+    `mlflow run . -e main` shows every stage's run beneath it.
+    """
+    tags = {**git_tags(), **(tags or {})}
+    experiment = params.mlflow.experiment
+    parent = os.environ.get("MLFLOW_RUN_ID")
+    if parent and run_id is None:
+        client = MlflowClient(tracking_uri())
+        experiment = client.get_experiment(client.get_run(parent).info.experiment_id).name
+        tags[MLFLOW_PARENT_RUN_ID] = parent
+    logger = MLFlowLogger(experiment_name=experiment, run_name=name, tracking_uri=tracking_uri(), tags=tags,
+                          run_id=run_id)
     if run_id is None:  # a continued run has them already, and MLflow refuses to change a logged param
         logger.log_hyperparams(params.flat(*sections))
     return logger
