@@ -2,6 +2,9 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
+# Stages run `python ...` and servers spawn `uvicorn`: the venv's tools come first for every child process.
+export VIRTUAL_ENV := $(CURDIR)/$(VENV)
+export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 # The project's own processes never phone home.
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true

@@ -1,5 +1,7 @@
 """Loader throughput (images/s, jitter included): the cached datamodule, memory-mapped and preloaded, against a
-loader that decodes, preprocesses and jitters the raw images every epoch.
+loader that decodes, preprocesses and jitters the raw images every epoch; all on one core (1 torch thread).
+The preloaded path is also measured without the jitter, and profiled: what is left of its time is the jitter's
+bilinear resampling of every pixel, work any loader must do every epoch.
 
 Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.py, preprocess.py in turn).
 Prints the figures and writes reports/loader.json and reports/loader.png.   Usage: python benchmarks/loader.py
@@ -15,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from common import profile_summary
 from thermal2visible.cli import PipelineError
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import load_manifest
@@ -23,7 +26,8 @@ from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 
 CACHE, INDEX, REPORT = Path("data/cache"), Path("data/ingested/index.json"), Path("reports/loader")
-EPOCHS = {"decode every epoch": 1, "cache, memory-mapped": 10, "cache, preloaded": 10}
+EPOCHS = {"decode every epoch": 1, "cache, memory-mapped": 10, "cache, preloaded": 10,
+          "cache, preloaded, no jitter": 10}
 REPEATS = 3  # the best of a few rounds: other processes on the machine only ever slow a round down
 
 
@@ -57,11 +61,20 @@ def decoding_epoch(params, batch_size: int):
     return epoch
 
 
-def cached_epoch(params, batch_size: int, preload: bool):
+def cached_epoch(params, batch_size: int, preload: bool, jitter: bool = True):
     loader = dataclasses.replace(params.loader, preload=preload)
     module = PairedDataModule(CACHE, batch_size, loader)
     module.setup("fit")
-    return lambda: (model_batch(batch, loader.jitter_scale) for batch in module.train_dataloader())
+    scale = loader.jitter_scale if jitter else None
+    return lambda: (model_batch(batch, scale) for batch in module.train_dataloader())
+
+
+def profile_epochs(epoch, epochs: int) -> list[dict]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for _ in range(epochs):
+            for _ in epoch():
+                pass
+    return profile_summary(profile, top=6)
 
 
 def main() -> None:
@@ -74,20 +87,25 @@ def main() -> None:
     batch_size, manifest = params.train.batch_size, load_manifest(CACHE)
     loaders = {"decode every epoch": decoding_epoch(params, batch_size),
                "cache, memory-mapped": cached_epoch(params, batch_size, preload=False),
-               "cache, preloaded": cached_epoch(params, batch_size, preload=True)}
+               "cache, preloaded": cached_epoch(params, batch_size, preload=True),
+               "cache, preloaded, no jitter": cached_epoch(params, batch_size, preload=True, jitter=False)}
     rates = {name: images_per_second(epoch, EPOCHS[name]) for name, epoch in loaders.items()}
     baseline = rates["decode every epoch"]
     print(f"{manifest['counts']['train']} training pairs of {manifest['image_size']}px, batch {batch_size}, "
           f"jitter on, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
     for name, rate in rates.items():
-        print(f"  {name:22s} {rate:10.0f} images/s   x{rate / baseline:.1f}")
+        print(f"  {name:28s} {rate:10.0f} images/s   x{rate / baseline:.1f}")
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    figures = {"images_per_second": rates, "batch_size": batch_size, "image_size": manifest["image_size"],
+    profile = profile_epochs(loaders["cache, preloaded"], EPOCHS["cache, preloaded"])
+    print("  where the preloaded path's time goes: "
+          + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]))
+    figures = {"images_per_second": rates, "speedup_per_core": {name: rate / baseline for name, rate in rates.items()},
+               "profile_cache_preloaded": profile, "batch_size": batch_size, "image_size": manifest["image_size"],
                "train_pairs": manifest["counts"]["train"], "epochs": EPOCHS, "repeats": REPEATS,
                "torch_threads": torch.get_num_threads()}
     REPORT.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
-    figure, axes = plt.subplots(figsize=(6, 3.2))
-    bars = axes.barh(list(rates), list(rates.values()), color=["#999999", "#4c72b0", "#55a868"])
+    figure, axes = plt.subplots(figsize=(7, 3.4))
+    bars = axes.barh(list(rates), list(rates.values()), color=["#999999", "#4c72b0", "#55a868", "#c4c4c4"])
     axes.bar_label(bars, labels=[f"{r:,.0f}/s" for r in rates.values()], padding=3)
     axes.set_xscale("log")
     axes.set_xlim(right=max(rates.values()) * 5)  # room for the labels

@@ -40,7 +40,7 @@ class CachedPairs(Dataset):
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         if isinstance(self.arrays["identity"], torch.Tensor):
             rows = torch.as_tensor(indices, device=self.arrays["identity"].device)
-            batch = {name: array[rows] for name, array in self.arrays.items()}
+            batch = {name: array.index_select(0, rows) for name, array in self.arrays.items()}
         else:
             rows = np.asarray(indices)
             batch = {name: torch.from_numpy(array[rows]) for name, array in self.arrays.items()}
@@ -54,17 +54,24 @@ def _batch_as_is(batch: dict) -> dict:
 
 def jitter_pair(thermal: torch.Tensor, visible: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """pix2pix jitter (enlarge by `scale`, crop back at a random place, flip half of the images), each sample its
-    own, both images of a pair the same: one affine resampling of the two stacked along the channels."""
-    both = torch.cat([thermal, visible], dim=1)
-    count = both.shape[0]
-    flip = torch.where(torch.rand(count, device=both.device) < 0.5, -1.0, 1.0)
-    theta = torch.zeros(count, 2, 3, device=both.device)
-    theta[:, 0, 0] = flip / scale
-    theta[:, 1, 1] = 1 / scale
-    theta[:, :, 2] = (torch.rand(count, 2, device=both.device) * 2 - 1) * (1 - 1 / scale)  # stays inside the image
-    grid = F.affine_grid(theta, list(both.shape), align_corners=False)
-    both = F.grid_sample(both, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    return both[:, :thermal.shape[1]], both[:, thermal.shape[1]:]
+    own, both images of a pair the same: one bilinear resampling of each image on a shared sampling grid.
+
+    The transform has no rotation, so the grid is built per axis and broadcast: a few small ops instead of
+    affine_grid's batched matrix product, which cost as much as the resampling itself.
+    """
+    count, height, width = thermal.shape[0], thermal.shape[-2], thermal.shape[-1]
+    device = thermal.device
+    flip = torch.where(torch.rand(count, device=device) < 0.5, -1.0, 1.0)
+    shift = (torch.rand(count, 2, device=device) * 2 - 1) * (1 - 1 / scale)  # stays inside the image
+
+    def centres(side: int) -> torch.Tensor:  # pixel centres in [-1, 1], as align_corners=False places them
+        return (torch.arange(side, device=device) * 2 + 1) / side - 1
+
+    x = centres(width) * (flip[:, None] / scale) + shift[:, :1]
+    y = centres(height) / scale + shift[:, 1:]
+    grid = torch.stack(torch.broadcast_tensors(x[:, None, :], y[:, :, None]), dim=-1)
+    return tuple(F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+                 for images in (thermal, visible))
 
 
 def model_batch(batch: dict[str, torch.Tensor], jitter_scale: float | None) -> dict[str, torch.Tensor]:
