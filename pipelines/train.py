@@ -7,9 +7,11 @@ Under DDP (train.devices x train.num_nodes > 1) every process runs this script; 
 """
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -20,7 +22,8 @@ from thermal2visible.cli import PipelineError, run_stage
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.recognizer import load_recognizer
-from thermal2visible.tracking import ImageGridLogger, data_hash, log_artifact, save_psnr_curve, start_run
+from thermal2visible.tracking import (CheckpointedMLFlowLogger, ImageGridLogger, data_hash, log_artifact,
+                                      save_psnr_curve, start_run)
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import (build_trainer, checkpointing, find_resume, per_process_batch,
@@ -61,6 +64,22 @@ def write_outputs(stop: PsnrEarlyStopping, seconds: float, run_id: str | None) -
     return summary
 
 
+def weights_digest(network) -> str:
+    """sha256 of the trainable weights, equal on every DDP process (batch-norm statistics are per process)."""
+    digest = hashlib.sha256()
+    for name, weight in network.named_parameters():
+        digest.update(name.encode() + weight.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def stop_like_sigterm_on_ctrl_c() -> None:
+    """The first Ctrl-C stops as SIGTERM does (after the current batch, last.ckpt whole); a second one at once."""
+    def to_sigterm(signum, frame):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signal.SIGINT, to_sigterm)
+
+
 def main(params: Params) -> None:
     t = params.train
     if not (CACHE / "manifest.json").is_file():
@@ -73,7 +92,7 @@ def main(params: Params) -> None:
     resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST])
 
     accelerator = resolve_accelerator(t.accelerator)
-    logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, tags={
+    logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, logger_class=CheckpointedMLFlowLogger, tags={
         "data_hash": cache_hash, "fingerprint": fingerprint, "device": accelerator,
         "precision": resolve_precision(t.precision, accelerator), "world_size": str(world_size(t))})
     manifest = data.manifest
@@ -84,11 +103,18 @@ def main(params: Params) -> None:
         stop, ImageGridLogger(t.image_log_every), *checkpointing(CHECKPOINTS, fingerprint, logger.run_id)])
 
     started = time.perf_counter()
+    stop_like_sigterm_on_ctrl_c()
     try:
-        trainer.fit(module, datamodule=data, ckpt_path=resume_from)
+        trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
     except SIGTERMException:
-        raise PipelineError(f"stopped by SIGTERM after epoch {len(stop.history)}; "
-                            f"run again to continue from {CHECKPOINTS / 'last.ckpt'}") from None
+        # Lightning stops after the current batch; the epoch it was in is redone (its loader cannot resume mid-way)
+        done = len(stop.history)
+        raise PipelineError(f"stopped by SIGTERM or Ctrl-C after epoch {done}; " + (
+            f"{CHECKPOINTS / 'last.ckpt'} holds epochs 1-{done}: run again to continue" if done else
+            "no epoch had finished, so the next run starts afresh")) from None
+    if trainer.world_size > 1:  # the processes agree, or DDP lost them
+        print(f"train: rank {trainer.global_rank} of {trainer.world_size} stopped at epoch {len(stop.history)}; "
+              f"generator weights {weights_digest(module.generator)}")
     if not trainer.is_global_zero:
         return
     summary = write_outputs(stop, time.perf_counter() - started, logger.run_id)

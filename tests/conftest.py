@@ -86,3 +86,12 @@ def project_copy(tmp_path) -> Path:
                     ["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
         subprocess.run(command, cwd=repo, check=True, capture_output=True)
     return repo
+
+
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """`mlflow.set_experiment` exports MLFLOW_EXPERIMENT_ID: keep one test's MLflow state out of later subprocesses."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

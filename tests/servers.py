@@ -27,7 +27,9 @@ def free_port() -> int:
 
 
 def quiet_env(**extra: str) -> dict[str, str]:
-    return os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"} | extra
+    # `mlflow models serve` runs `uvicorn` by name: this interpreter's own, even when its venv is not activated.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1", "PATH": path} | extra
 
 
 def _group_alive(pgid: int) -> bool:

@@ -5,9 +5,10 @@ the model was trained, any size. Each goes through `prepare_thermal` (training's
 settings stored in the .onnx metadata), the ONNX generator under onnxruntime, and is resized back to the
 frame's width x height. REST (`mlflow models serve`) and batch translation both call this class.
 
-A request the model cannot use raises MlflowException(INVALID_PARAMETER_VALUE), which the scoring server
+A request the model cannot use raises a ServingError (INVALID_PARAMETER_VALUE), which the scoring server
 answers with 400 and the message (naming the row); anything else is a bug in this code and answers 500
-without the traceback, which goes to the server log instead.
+without the traceback, which goes to the server log instead. An image's base64 may be at most
+`max_encoded_length(max_pixels)` characters: the server itself reads a request body of any size.
 """
 from __future__ import annotations
 
@@ -52,14 +53,41 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def bad_request(message: str) -> MlflowException:
-    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+class ServingError(MlflowException):
+    """An MlflowException that keeps the message it was made with.
+
+    MLflow's scoring server rewrites the message of an MlflowException raised in `predict` into "Failed to predict
+    data '<the request>'. Error: <message>": for the `inputs` and `instances` forms, the whole base64 request
+    echoed back. Assignments after __init__ are ignored, so the answer says only what is wrong.
+    """
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @message.setter
+    def message(self, value: str) -> None:
+        if not hasattr(self, "_message"):
+            self._message = value
+
+
+def bad_request(message: str) -> ServingError:
+    return ServingError(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+def max_encoded_length(max_pixels: int) -> int:
+    """The longest base64 an image within `max_pixels` may take: 8 bytes a pixel (16-bit RGB stored
+    uncompressed, with PNG's per-row filter byte) plus 1 MiB of headers and metadata, as base64."""
+    return (8 * max_pixels + 2**20) * 4 // 3
 
 
 def decode_row(value: object, row: int, max_pixels: int) -> np.ndarray:
     source = f"row {row}"
     if not isinstance(value, str):
         raise bad_request(f"{source}: expected a base64 string, got {type(value).__name__}")
+    if len(value) > max_encoded_length(max_pixels):
+        raise bad_request(f"{source}: {len(value)} base64 characters; an image within max_pixels {max_pixels} "
+                          f"takes at most {max_encoded_length(max_pixels)} (refused before decoding)")
     try:
         data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as error:
@@ -125,8 +153,8 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
             raise
         except Exception as error:  # a bug here, not a bad request: 500, traceback in the log only
             log.exception("translation failed")
-            raise MlflowException(f"internal error while translating: {type(error).__name__}",
-                                  error_code=INTERNAL_ERROR) from None
+            raise ServingError(f"internal error while translating: {type(error).__name__}",
+                               error_code=INTERNAL_ERROR) from None
 
 
 def requirements() -> list[str]:

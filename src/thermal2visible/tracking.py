@@ -10,18 +10,22 @@ every source file by sha256 and the preprocess params, so it changes exactly whe
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Mapping, Sequence
 
 import matplotlib
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from thermal2visible.config import Params
@@ -35,6 +39,77 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+@contextmanager
+def first_use_lock(uri: str) -> Iterator[None]:
+    """Held while a process opens a local SQLite store, so only one at a time can be creating it.
+
+    MLflow builds a new store's tables on first use, and processes doing that at once break each other
+    ("duplicate column name: step", "table _alembic_tmp_metrics already exists"): torchrun nodes, or two runs
+    started together on a fresh mlflow.db. A tracking server or PostgreSQL needs no such lock.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(uri.removeprefix("sqlite:///").partition("?")[0] + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def open_store(uri: str) -> MlflowClient:
+    """A client of `uri`; a new SQLite store gets its tables here, under `first_use_lock`."""
+    with first_use_lock(uri):
+        return MlflowClient(uri)
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> None:
+    """Create experiment `name` unless it exists; another run creating it at the same moment is no error."""
+    if client.get_experiment_by_name(name) is None:
+        try:
+            client.create_experiment(name)
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+
+
+class CheckpointedMLFlowLogger(MLFlowLogger):
+    """An MLFlowLogger that logs each epoch once, even when a killed run resumes and repeats an epoch.
+
+    Lightning logs an epoch's validation metrics before it writes that epoch's checkpoint, so a run killed in
+    between would log them a second time after resuming. Here metrics wait until a checkpoint is on disk: then
+    they are logged, and later ones of the same epoch (the training losses, logged after the checkpoint) go
+    straight through. Metrics of an epoch that never got its checkpoint die with the process; its rerun logs them.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.waiting: list[tuple[dict[str, float], int | None]] = []
+        self.checkpointed_step = 0  # the last epoch a checkpoint holds
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if step is not None and step <= self.checkpointed_step:
+            super().log_metrics(metrics, step)
+        else:
+            self.waiting.append((dict(metrics), step))
+
+    def _log_waiting(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for metrics, step in waiting:
+            super().log_metrics(metrics, step)
+            self.checkpointed_step = max(self.checkpointed_step, step or 0)
+
+    @rank_zero_only
+    def after_save_checkpoint(self, checkpoint_callback) -> None:
+        super().after_save_checkpoint(checkpoint_callback)
+        self._log_waiting()
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if status == "success":  # not after a failure: the waiting epoch was never checkpointed
+            self._log_waiting()
+        super().finalize(status)
 
 
 def data_hash(cache_dir: str | Path) -> str:
@@ -56,7 +131,7 @@ def git_tags() -> dict[str, str]:
 
 
 def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str, str] | None = None,
-              run_id: str | None = None) -> MLFlowLogger:
+              run_id: str | None = None, logger_class: type[MLFlowLogger] = MLFlowLogger) -> MLFlowLogger:
     """A new MLflow run logging `params.flat(*sections)` and `tags`, or (run_id) the existing run to continue.
 
     Under `mlflow run` (which exports MLFLOW_RUN_ID) a new run is that run's child, in its experiment, so one
@@ -64,12 +139,13 @@ def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str
     """
     tags = {**git_tags(), **(tags or {})}
     experiment = params.mlflow.experiment
+    client = open_store(tracking_uri())
     parent = os.environ.get("MLFLOW_RUN_ID")
     if parent and run_id is None:
-        client = MlflowClient(tracking_uri())
         experiment = client.get_experiment(client.get_run(parent).info.experiment_id).name
         tags[MLFLOW_PARENT_RUN_ID] = parent
-    logger = MLFlowLogger(experiment_name=experiment, run_name=name, tracking_uri=tracking_uri(), tags=tags,
+    ensure_experiment(client, experiment)  # MLFlowLogger's own get-or-create fails when two runs race
+    logger = logger_class(experiment_name=experiment, run_name=name, tracking_uri=tracking_uri(), tags=tags,
                           run_id=run_id)
     if run_id is None:  # a continued run has them already, and MLflow refuses to change a logged param
         logger.log_hyperparams(params.flat(*sections))

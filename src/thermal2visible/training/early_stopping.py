@@ -3,7 +3,9 @@ epochs (the first smoothed value exists at epoch `window`); the generator of the
 training stops once `patience` epochs pass without a new best.
 
 Epochs are counted from 1 (epoch n = after n epochs of training). The history, best and counter are part of
-Lightning's checkpoint, so a resumed run makes the same decisions as one that was never interrupted.
+Lightning's checkpoint, so a resumed run makes the same decisions as one that was never interrupted. The best
+generator's file is written only once a checkpoint records that epoch as the best (see `_keep_best`), so a kill
+never leaves a best file that the resumed run disagrees with.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class PsnrEarlyStopping(Callback):
         self.best_smoothed = -math.inf
         self.best_epoch = 0  # 0: no smoothed value yet
         self.wait = 0  # epochs since the best smoothed value
+        self.kept_epoch = 0  # the epoch whose generator is in best_path (this process)
 
     def smoothed(self) -> list[float | None]:
         """The moving average at every epoch so far; None until `window` epochs exist."""
@@ -66,17 +69,35 @@ class PsnrEarlyStopping(Callback):
         self.best_epoch = state_dict["best_epoch"]
         self.wait = state_dict["wait"]
 
+    def _keep_best(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Write best_path when the generator in memory is the best one, between epochs.
+
+        Lightning writes an epoch's checkpoint after its validation; a best file written at validation would
+        survive a kill before that checkpoint, and the resumed run (whose best is an earlier epoch) would then
+        publish weights from an epoch it never kept. Between epochs the checkpoint already holds the decision;
+        a kill after the checkpoint and before this write is repaired at the resumed run's start.
+        """
+        latest = len(self.history)
+        if self.best_path and trainer.is_global_zero and self.best_epoch == latest and self.kept_epoch != latest:
+            save_generator(pl_module.generator, self.best_path, epoch=self.best_epoch,
+                           psnr_smoothed=self.best_smoothed, psnr=self.history[-1], **self.metadata)
+            self.kept_epoch = latest
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._keep_best(trainer, pl_module)
         # Resumed from a run that had already stopped: nothing left to train.
         trainer.should_stop = trainer.should_stop or self.should_stop
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._keep_best(trainer, pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._keep_best(trainer, pl_module)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        psnr = float(trainer.callback_metrics[self.monitor])
-        if self.observe(psnr) and self.best_path and trainer.is_global_zero:
-            save_generator(pl_module.generator, self.best_path, epoch=self.best_epoch,
-                           psnr_smoothed=self.best_smoothed, psnr=psnr, **self.metadata)
+        self.observe(float(trainer.callback_metrics[self.monitor]))
         # Lightning keeps training anyway until train.min_epochs; the decision is the same on every process
         # because the PSNR is averaged over all of them.
         trainer.should_stop = trainer.should_stop or self.should_stop

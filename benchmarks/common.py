@@ -1,0 +1,120 @@
+"""What every benchmark shares: the machine it ran on, medians, matmul peaks, profiles, and the report files.
+
+Benchmarks run from the project root (`python benchmarks/<name>.py`); each writes reports/<name>.json (+ .png).
+Timings are medians of repeats after warm-up; every figure says how many torch threads made it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from lightning.pytorch import Callback
+
+from thermal2visible.config import IngestConfig, PreprocessConfig, SynthesizeConfig
+from thermal2visible.data.cache import build_cache
+from thermal2visible.data.ingest import ingest
+from thermal2visible.data.synthetic import synthesize
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+REPORTS = Path("reports")
+RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "bf16_instructions": [f for f in ("amx_bf16", "avx512_bf16") if f in flags]}
+
+
+def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """Best GEMM throughput of this CPU at the current thread count: the ceiling a model step can reach.
+
+    The best of the two libraries torch calls: MKL (`a @ b`; on AMD CPUs it takes a slower path for fp32) and
+    oneDNN, which runs the convolutions (a 1x1 convolution over a size x 1 image in channels_last is a GEMM).
+    """
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    image = torch.randn(1, size, size, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    kernel = torch.randn(size, size, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    seconds = min(median_seconds(lambda: a @ b, repeats, warmup=2),
+                  median_seconds(lambda: torch.nn.functional.conv2d(image, kernel), repeats, warmup=2))
+    return 2 * size ** 3 / seconds / 1e9
+
+
+def profile_summary(profile: torch.profiler.profile, top: int = 12) -> list[dict]:
+    """The `top` operators by self CPU time, with their share of the total: why a step takes what it takes."""
+    events = profile.key_averages()
+    total = sum(event.self_cpu_time_total for event in events) or 1
+    ranked = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:top]
+    return [{"op": event.key, "calls": event.count, "self_ms": round(event.self_cpu_time_total / 1000, 1),
+             "share": round(event.self_cpu_time_total / total, 3)} for event in ranked]
+
+
+def markdown_table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(name: str, figures: dict) -> Path:
+    """reports/<name>.json with the figures and the machine that produced them."""
+    path = REPORTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures | {"machine": machine()}, indent=1) + "\n")
+    return path
+
+
+def synthetic_cache(root: Path, size: int, pairs: int) -> tuple[Path, PreprocessConfig]:
+    """`pairs` synthetic raw frames (RAW_SIDE x `size`) under root/raw and their cache in root/cache, made by the
+    data stages' own functions; almost all pairs go to the training split."""
+    identities = 4
+    synthesize(SynthesizeConfig(identities=identities, images_per_identity=-(-pairs // identities),
+                                resolution=int(size * RAW_SIDE)), root / "raw")
+    index, _ = ingest(root / "raw", "pairs", IngestConfig())
+    cfg = PreprocessConfig(image_size=size, face_crop=False, val_fraction=0.05, test_fraction=0.05)
+    build_cache(index, cfg, IngestConfig().max_pixels, root / "cache")
+    return root / "cache", cfg
+
+
+class BatchClock(Callback):
+    """Stamps the end of every training batch: a step's time is the gap between two stamps (fetching and
+    preparing the batch, the D step and the G step). Only the first `batches` batches are stamped."""
+
+    def __init__(self, batches: int):
+        self.batches, self.stamps = batches, []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if batch_idx < self.batches:
+            self.stamps.append(time.perf_counter())
+
+    def step_seconds(self, warmup: int) -> float:
+        """Median gap after the first `warmup` batches."""
+        return statistics.median([b - a for a, b in zip(self.stamps, self.stamps[1:])][warmup - 1:])

@@ -1,0 +1,173 @@
+"""Data-parallel scaling on this CPU: 1 vs 2 worker processes (1 thread each, gloo), same per-worker batch.
+
+Every configuration is a fresh `python benchmarks/ddp_scaling.py --worker ...` process that trains the project's
+Pix2Pix (paper model, bf16-mixed, channels_last, fused Adam, preloaded cache) under a real Trainer: 1 worker
+without DDP, 2 workers under the project's GanDDPStrategy (Lightning's launcher starts the second rank by running
+the same command line again), with DDP's bucket settings and gradient compression varied. DDP refuses the stock
+bf16 compression hook on CPU by its name, so the bf16 hook here is the project's own, doing the same thing.
+
+Writes reports/ddp_scaling.json and reports/ddp_scaling.png.
+Usage: python benchmarks/ddp_scaling.py [--size 256] [--batches 4 8] [--repeats 4] [--configs ...]
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from lightning.pytorch import Callback  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
+
+from common import REPORTS, BatchClock, machine, markdown_table, synthetic_cache, write_report  # noqa: E402
+from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig  # noqa: E402
+from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
+from thermal2visible.training.module import Pix2Pix  # noqa: E402
+from thermal2visible.training.trainer import GanDDPStrategy, build_trainer  # noqa: E402
+
+PAPER_MODEL = ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)
+# DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
+CONFIGS = {
+    "1 worker": dict(workers=1),
+    "2 workers, DDP defaults": dict(workers=2, gradient_as_bucket_view=False),
+    "2 workers, bucket view (project)": dict(workers=2, gradient_as_bucket_view=True),
+    "2 workers, bucket view, 100 MB buckets": dict(workers=2, gradient_as_bucket_view=True, bucket_cap_mb=100),
+    "2 workers, bucket view, 10 MB buckets": dict(workers=2, gradient_as_bucket_view=True, bucket_cap_mb=10),
+    "2 workers, bucket view, 5 MB buckets": dict(workers=2, gradient_as_bucket_view=True, bucket_cap_mb=5),
+    "2 workers, bucket view, 2 MB buckets": dict(workers=2, gradient_as_bucket_view=True, bucket_cap_mb=2),
+    "2 workers, bucket view, bf16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="bf16"),
+    "2 workers, bucket view, fp16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="fp16"),
+}
+DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)",
+                   "2 workers, bucket view, 100 MB buckets", "2 workers, bucket view, bf16 compression"]
+
+
+def bf16_allreduce(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's gradients in bfloat16 (half the bytes on the wire), then write them back in fp32."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    reduced = dist.all_reduce(compressed, async_op=True).get_future()
+    return reduced.then(lambda future: buffer.copy_(future.value()[0]))
+
+
+class Compression(Callback):
+    """Registers a gradient-compression hook on G's and D's DDP wrappers once the strategy made them."""
+
+    def __init__(self, kind: str):
+        self.hook = {"bf16": bf16_allreduce, "fp16": fp16_compress_hook}[kind]
+
+    def on_train_start(self, trainer, module) -> None:
+        for replica in module.replicas.values():
+            replica.register_comm_hook(state=None, hook=self.hook)
+
+
+def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeats: int, out: Path) -> None:
+    """One configuration; rank 0 writes {"step_s": ...} to `out`."""
+    config = dict(config)
+    workers, compress = config.pop("workers"), config.pop("compress", None)
+    train = TrainConfig(batch_size=batch * workers, devices=workers, accelerator="cpu", precision="bf16-mixed",
+                        channels_last=True, fused_adam=True, max_epochs=1)
+    strategy = "auto"
+    if workers == 1:
+        torch.set_num_threads(1)
+    else:  # sets 1 thread per process itself (cores // processes)
+        strategy = GanDDPStrategy(process_group_backend="gloo", **config)
+    torch.manual_seed(0)
+    module = Pix2Pix(PAPER_MODEL, train, size, thermal_channels=1, visible_channels=3)
+    clock = BatchClock(warmup + repeats)
+    callbacks = [clock] + ([Compression(compress)] if compress else [])
+    trainer = build_trainer(train, callbacks=callbacks, strategy=strategy, limit_train_batches=warmup + repeats,
+                            limit_val_batches=0)
+    trainer.fit(module, datamodule=PairedDataModule(cache, batch, LoaderConfig(preload=True)))
+    if trainer.is_global_zero:
+        out.write_text(json.dumps({"step_s": clock.step_seconds(warmup), "threads": torch.get_num_threads()}))
+
+
+def run_config(name: str, batch: int, cache: Path, args, scratch: Path) -> dict:
+    out = scratch / "result.json"
+    out.unlink(missing_ok=True)
+    command = [sys.executable, __file__, "--worker", json.dumps(CONFIGS[name]), "--cache", str(cache),
+               "--size", str(args.size), "--batches", str(batch), "--warmup", str(args.warmup),
+               "--repeats", str(args.repeats), "--out", str(out)]
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"{name}: worker failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    workers = CONFIGS[name]["workers"]
+    rate = batch * workers / result["step_s"]
+    print(f"  batch {batch}/worker, {name:40s} {rate:6.2f} images/s  ({result['step_s']:.3f} s/step, "
+          f"{result['threads']} thread(s) per worker)", flush=True)
+    return {"config": name, "batch_per_worker": batch, "workers": workers, "threads_per_worker": result["threads"],
+            "step_s": round(result["step_s"], 4), "images_per_s": round(rate, 3)}
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    batches = sorted({r["batch_per_worker"] for r in results})
+    figure, axes = plt.subplots(1, len(batches), figsize=(7.5 * len(batches), 3.6), squeeze=False)
+    for axis, batch in zip(axes[0], batches):
+        rows = [r for r in results if r["batch_per_worker"] == batch]
+        bars = axis.barh([r["config"] for r in rows], [r["speedup"] for r in rows],
+                         color=["#999999"] + ["#4c72b0"] * (len(rows) - 1))
+        axis.bar_label(bars, labels=[f"x{r['speedup']:.2f} ({r['efficiency']:.0%})" for r in rows], padding=3)
+        axis.axvline(2, color="black", linestyle=":", linewidth=1, label="ideal with 2 workers")
+        axis.set_xlim(0, 2.7)
+        axis.invert_yaxis()
+        axis.set(xlabel="images/s relative to 1 worker (scaling efficiency)", title=f"batch {batch} per worker")
+        axis.legend(loc="lower right")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--batches", type=int, nargs="+", default=[4, 8], help="per worker")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker), args.cache, args.size, args.batches[0], args.warmup, args.repeats, args.out)
+        return
+    if "1 worker" not in args.configs:
+        parser.error("--configs must include '1 worker' (the reference)")
+    print(f"{machine()['cpu']}, {machine()['cores']} cores; {args.size} px, bf16-mixed + channels_last + fused Adam",
+          flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
+        pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16
+        cache, _ = synthetic_cache(Path(scratch), args.size, pairs)
+        for batch in args.batches:
+            rows = [run_config(name, batch, cache, args, Path(scratch)) for name in args.configs]
+            single = next(r for r in rows if r["workers"] == 1)
+            for row in rows:
+                row["speedup"] = round(row["images_per_s"] / single["images_per_s"], 3)
+                row["efficiency"] = round(row["speedup"] / row["workers"], 3)
+                # Same work per worker: what a step takes beyond the single worker's is the gradient exchange
+                # (and the two processes sharing memory bandwidth).
+                row["overhead_s"] = round(row["step_s"] - single["step_s"], 3)
+            results += rows
+    print(markdown_table(["batch/worker", "configuration", "images/s", "s/step", "overhead s/step", "speed-up",
+                          "efficiency"],
+                         [[r["batch_per_worker"], r["config"], r["images_per_s"], r["step_s"], r["overhead_s"],
+                           f"x{r['speedup']:.2f}", f"{r['efficiency']:.0%}"] for r in results]))
+    write_report("ddp_scaling", {"results": results, "size": args.size, "warmup": args.warmup,
+                                 "repeats": args.repeats})
+    plot(results, REPORTS / "ddp_scaling.png",
+         f"DDP on {machine()['cores']} CPU cores, {args.size} px, 1 thread per worker (gloo)")
+    print(f"wrote {REPORTS}/ddp_scaling.json and .png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Bounded load test of REST serving: C concurrent clients x N requests each against a real `mlflow models serve`
+on 127.0.0.1, one 16-bit thermal frame (PNG, RAW_SIDE x the model side) per request. Zero errors required.
+
+The served model is the project's pyfunc around a freshly initialised generator of the demo's size (speed does not
+depend on the weights), exported by the project's own code. Latency is measured by each client around its whole
+request; throughput is answered requests over the wall time of the test.
+
+Writes reports/load.json and reports/load.png (latency histogram); exits 1 if any request failed.
+Usage: python benchmarks/load.py [--clients 8] [--requests 200] [--size 64] [--ngf 32]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
+import requests  # noqa: E402
+import torch  # noqa: E402
+
+from common import REPORTS, write_report  # noqa: E402
+from inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
+from thermal2visible.config import PreprocessConfig  # noqa: E402
+from thermal2visible.export import export_generator  # noqa: E402
+from thermal2visible.models.generator import UNetGenerator  # noqa: E402
+from thermal2visible.serving import IMAGE, pyfunc_arguments  # noqa: E402
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+from servers import model_server  # noqa: E402  (the tests' real-server helper: start, wait ready, always stop)
+
+
+def served_model(folder: Path, size: int, ngf: int) -> Path:
+    """A pyfunc folder (what `register` logs) around a fresh generator of side `size` and width `ngf`."""
+    torch.manual_seed(0)
+    generator = UNetGenerator(1, 3, size, ngf=ngf).eval()
+    payload = {"model": generator.config, "preprocess": dataclasses.asdict(PreprocessConfig(image_size=size))}
+    export_generator(generator, payload, folder / "generator.onnx", opset=18)
+    mlflow.pyfunc.save_model(str(folder / "pyfunc"), **pyfunc_arguments(folder / "generator.onnx", 16_000_000))
+    return folder / "pyfunc"
+
+
+def client(url: str, body: dict, count: int) -> list[tuple[float, str | None]]:
+    """`count` requests one after the other: (seconds, None) for each answered 200, else (seconds, what went wrong)."""
+    results = []
+    with requests.Session() as session:
+        for _ in range(count):
+            start = time.perf_counter()
+            try:
+                response = session.post(f"{url}/invocations", json=body, timeout=120)
+                error = None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:200]}"
+            except requests.RequestException as failure:
+                error = f"{type(failure).__name__}: {failure}"
+            results.append((time.perf_counter() - start, error))
+    return results
+
+
+def load(url: str, body: dict, clients: int, count: int) -> dict:
+    client(url, body, 3)  # warm-up: first requests load onnxruntime's kernels
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for batch in pool.map(lambda _: client(url, body, count), range(clients)) for r in batch]
+    wall = time.perf_counter() - started
+    latencies = [1000 * seconds for seconds, error in results if error is None]
+    errors = [error for _, error in results if error is not None]
+    return {"clients": clients, "requests_per_client": count, "requests": len(results), "errors": len(errors),
+            "first_errors": errors[:5], "wall_s": round(wall, 2),
+            "throughput_rps": round(len(latencies) / wall, 2),
+            "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+            "p99_ms": round(float(np.percentile(latencies, 99)), 1) if latencies else None,
+            "max_ms": round(max(latencies), 1) if latencies else None,
+            "latencies_ms": [round(value, 2) for value in latencies]}
+
+
+def plot(figures: dict, path: Path) -> None:
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.hist(figures["latencies_ms"], bins=50, color="tab:blue")
+    for key, color in (("p50_ms", "tab:green"), ("p99_ms", "tab:red")):
+        axes.axvline(figures[key], color=color, linestyle="--", label=f"{key[:3]} {figures[key]:.0f} ms")
+    axes.set(xlabel="latency per request (ms)", ylabel="requests", title=(
+        f"{figures['clients']} clients x {figures['requests_per_client']} requests: "
+        f"{figures['throughput_rps']:.1f} requests/s, {figures['errors']} errors"))
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=200, help="requests per client")
+    parser.add_argument("--size", type=int, default=64, help="model side (the demo's preprocess.image_size)")
+    parser.add_argument("--ngf", type=int, default=32, help="generator width (the demo's model.ngf)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="t2v-load-") as scratch:
+        scratch = Path(scratch)
+        model = served_model(scratch, args.size, args.ngf)
+        body = {"dataframe_split": {"columns": [IMAGE], "data": [[request_frame(args.size)]]}}
+        with model_server(str(model), scratch / "serve") as url:
+            figures = load(url, body, args.clients, args.requests)
+    figures |= {"model": {"size": args.size, "ngf": args.ngf}, "server": "mlflow models serve, 1 uvicorn worker"}
+    REPORTS.mkdir(exist_ok=True)
+    if figures["p50_ms"] is not None:  # at least one request answered
+        plot(figures, REPORTS / "load.png")
+    write_report("load", figures)
+    print(f"{figures['requests']} requests from {args.clients} clients in {figures['wall_s']} s: "
+          f"{figures['throughput_rps']} requests/s, p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
+          f"{figures['errors']} errors; wrote {REPORTS}/load.json and .png")
+    for error in figures["first_errors"]:
+        print(f"  {error}", file=sys.stderr)
+    sys.exit(1 if figures["errors"] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""The bad-input corpus: every broken dataset file and REST request the project must refuse clearly.
+
+Everything is generated at test time (no binary blobs in the repository). `write_bad_files` adds broken files
+to a folder-pairs dataset and says what ingest must report for each; `bad_requests` lists request bodies for
+`mlflow models serve` with the status and message each must get.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tifffile
+from PIL import Image
+
+IMAGE = "image"
+
+
+def png(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def bomb_png(width: int, height: int, lie: bool = False) -> bytes:
+    """An 8-bit grey PNG of width x height black pixels: a few kB that inflate to width*height bytes.
+    `lie`: the header claims that size but the data holds a single row (a header-only bomb)."""
+    packer = zlib.compressobj(9)
+    row = b"\x00" * (width + 1)  # filter byte + pixels
+    data = b"".join(packer.compress(row) for _ in range(1 if lie else height)) + packer.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", data) + _chunk(b"IEND", b"")
+
+
+def tiff(pixels: np.ndarray, pages: int = 1) -> bytes:
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, np.stack([pixels] * pages) if pages > 1 else pixels)
+    return buffer.getvalue()
+
+
+def thermal16(height: int = 24, width: int = 24, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(29_000, 31_000, (height, width), dtype=np.uint16)
+
+
+def rgb(height: int = 24, width: int = 24, channels: int = 3, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class BadFile:
+    case: str
+    path: str  # the file ingest must name, relative to the dataset root
+    reason: str  # a phrase its reason must contain
+
+
+def write_bad_files(root: Path, outside: Path, max_pixels: int) -> list[BadFile]:
+    """Write every broken case into the pairs dataset at `root` (beside its good pairs, 1-channel thermal);
+    `outside` is a folder out of the root for symlink targets. Also writes one unusual but valid pair
+    (thermal/odd/odd.png, 16-bit 37x23) that ingest must accept."""
+    def write(relative: str, data: bytes) -> str:
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(data)
+        return relative
+
+    def pair(name: str, thermal: bytes, visible: bytes, thermal_suffix: str = ".png") -> str:
+        write(f"visible/bad/{name}.png", visible)
+        return write(f"thermal/bad/{name}{thermal_suffix}", thermal)
+
+    good_visible = png(rgb())
+    whole = png(thermal16())
+    side = int(max_pixels ** 0.5) + 1
+    outside.mkdir(parents=True, exist_ok=True)
+    (outside / "secret.png").write_bytes(whole)
+    for link, target in (("thermal/bad/escape.png", outside / "secret.png"), ("thermal/escape_dir", outside),
+                         ("thermal/bad/dangling.png", root / "thermal/bad/gone.png")):
+        (root / link).parent.mkdir(parents=True, exist_ok=True)
+        (root / link).symlink_to(target)
+    write("thermal/odd/odd.png", png(thermal16(23, 37)))
+    write("visible/odd/odd.png", png(rgb(23, 37)))
+    return [
+        BadFile("unpaired thermal", write("thermal/bad/lonely.png", whole), "no visible image visible/bad/lonely"),
+        BadFile("unpaired visible", write("visible/bad/alone.png", good_visible), "no thermal image"),
+        BadFile("zero bytes", pair("empty", b"", good_visible), "empty file (0 bytes)"),
+        BadFile("truncated PNG", pair("truncated", whole[: len(whole) // 2], good_visible),
+                "truncated or corrupt PNG"),
+        BadFile("corrupt JPEG", pair("corrupt_jpeg", b"\xff\xd8\xff\xe0" + bytes(64), good_visible, ".jpg"),
+                "JPEG"),
+        BadFile("corrupt TIFF", pair("corrupt_tiff", b"II*\x00" + bytes(64), good_visible, ".tif"),
+                "truncated or corrupt TIFF"),
+        BadFile("multi-page TIFF", pair("pages", tiff(thermal16(), pages=2), good_visible, ".tif"),
+                "TIFF holds 2 images"),
+        BadFile("text named .png", pair("text", b"just some notes", good_visible), "not a PNG, JPEG or TIFF"),
+        BadFile("not an image file", write("thermal/bad/notes.txt", b"notes"), "not an image file"),
+        BadFile("mismatched pair sizes", pair("sizes", png(thermal16(24, 24)), png(rgb(20, 24))),
+                "thermal is 24x24 but its visible partner"),
+        BadFile("RGBA thermal", pair("rgba", png(rgb(channels=4)), good_visible), "4 channels"),
+        BadFile("grey+alpha thermal", pair("grey_alpha", png(rgb(channels=2)), good_visible), "2 channels"),
+        BadFile("RGB among grey thermal", pair("rgb", png(rgb()), good_visible),
+                "thermal has 3 channel(s) but most thermal images have 1"),
+        BadFile("decompression bomb", pair("bomb", bomb_png(4 * side, 4 * side), good_visible),
+                f"exceeds max_pixels {max_pixels} (refused before decoding)"),
+        BadFile("header claims a huge image", pair("huge", bomb_png(100_000, 100_000, lie=True), good_visible),
+                "decompression bomb refused before decoding"),
+        BadFile("two files, one name", write("thermal/bad/twin.tif", tiff(thermal16())), "2 files share the name"),
+        BadFile("two files, one name", write("thermal/bad/twin.png", whole), "2 files share the name"),
+        BadFile("symlink out of the root", "thermal/bad/escape.png", "symlink leads outside the dataset root"),
+        BadFile("folder symlink out of the root", "thermal/escape_dir", "symlink leads outside the dataset root"),
+        BadFile("dangling symlink", "thermal/bad/dangling.png", "broken symlink or not a regular file"),
+    ]
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    case: str
+    body: dict | bytes  # a dict is sent as JSON; bytes as they are, with `content_type`
+    status: int
+    phrase: str  # in the JSON `message` (or the plain-text body)
+    content_type: str = "application/json"
+    known_gap: str = ""  # why MLflow's own server answers this differently than the project would like
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> list[BadRequest]:
+    """Broken /invocations bodies for a model served with `max_pixels` (`max_encoded`: the longest base64 the
+    pyfunc accepts), plus one unusual but valid request (16-bit PNG of odd size, 200)."""
+    frame = _b64(png(thermal16()))
+    half = png(thermal16(64, 64))
+    over = "A" * (max_encoded + 4)  # valid base64 alphabet, longer than any allowed image
+    side = int(max_pixels ** 0.5) + 1
+    deep = int(1e5)
+    wrong_channels = 3 if model_channels == 1 else 1
+    wrong = rgb() if wrong_channels == 3 else thermal16()
+    return [
+        # the 14 of tests/test_serving.py
+        BadRequest("not base64", {"dataframe_split": {"columns": [IMAGE], "data": [[frame], ["%%% not base64"]]}},
+                   400, "row 1: not valid base64"),
+        BadRequest("not an image", {"dataframe_records": [{IMAGE: _b64(b"just some text, no image")}]}, 400,
+                   "row 0: not a PNG, JPEG or TIFF"),
+        BadRequest("empty image", {"dataframe_records": [{IMAGE: ""}]}, 400, "row 0: empty file"),
+        BadRequest("truncated", {"dataframe_records": [{IMAGE: _b64(half[: len(half) // 2])}]}, 400,
+                   "row 0: truncated or corrupt PNG"),
+        BadRequest("wrong channels for the model", {"inputs": {IMAGE: [_b64(png(wrong))]}}, 400,
+                   f"row 0: thermal image has {wrong_channels} channel(s); this model"),
+        BadRequest("rgba", {"instances": [{IMAGE: _b64(png(rgb(8, 8, 4)))}]}, 400,
+                   "row 0: 4 channels; expected 1 (grey) or 3 (RGB)"),
+        BadRequest("too many pixels", {"dataframe_records": [{IMAGE: _b64(png(np.zeros((side, side), np.uint8)))}]},
+                   400, f"pixels exceeds max_pixels {max_pixels} (refused before decoding)"),
+        BadRequest("zero rows", {"dataframe_split": {"columns": [IMAGE], "data": []}}, 400,
+                   "no images: the 'image' column has 0 rows"),
+        BadRequest("zero inputs", {"inputs": {IMAGE: []}}, 400, "no images: the 'image' column has 0 rows"),
+        BadRequest("empty records", {"dataframe_records": []}, 400, "Model is missing inputs ['image']"),
+        BadRequest("wrong column", {"dataframe_records": [{"picture": frame}]}, 400,
+                   "Model is missing inputs ['image']"),
+        BadRequest("wrong column (instances)", {"instances": [{"picture": frame}]}, 400,
+                   "Model is missing inputs ['image']",
+                   known_gap="MLflow's schema check prefixes the whole `instances`/`inputs` data to its message"),
+        BadRequest("not a string", {"dataframe_records": [{IMAGE: 7}]}, 400, "row 0: expected a base64 string, got int"),
+        BadRequest("unknown form", {"images": [frame]}, 400, "dataframe_split"),
+        # and more
+        BadRequest("huge JSON (over the size limit)", {"dataframe_records": [{IMAGE: over}]}, 400,
+                   f"row 0: {len(over)} base64 characters; an image within max_pixels {max_pixels} takes at most"),
+        BadRequest("huge JSON, inputs form (no echo)", {"inputs": {IMAGE: [over]}}, 400,
+                   "base64 characters; an image within max_pixels"),
+        BadRequest("decompression bomb", {"inputs": {IMAGE: [_b64(bomb_png(4 * side, 4 * side))]}}, 400,
+                   f"exceeds max_pixels {max_pixels} (refused before decoding)"),
+        BadRequest("header claims a huge image", {"instances": [{IMAGE: _b64(bomb_png(100_000, 100_000, True))}]},
+                   400, "row 0: decompression bomb refused before decoding"),
+        BadRequest("multi-page TIFF", {"inputs": {IMAGE: [_b64(tiff(thermal16(), pages=2))]}}, 400,
+                   "row 0: TIFF holds 2 images"),
+        BadRequest("deeply nested JSON (500 levels)",
+                   ('{"inputs": {"image": ' + "[" * 500 + "]" * 500 + "}}").encode(), 400, "valid JSON"),
+        BadRequest(f"deeply nested JSON ({deep} levels)",
+                   ('{"inputs": {"image": ' + "[" * deep + "]" * deep + "}}").encode(), 500,
+                   "Internal Server Error",
+                   known_gap="MLflow's JSON decoding catches JSONDecodeError but not RecursionError: 500"),
+        BadRequest("JSON not UTF-8", b'{"inputs": {"image": ["\xff\xfe"]}}', 400, "valid JSON"),
+        BadRequest("top-level JSON list", json.dumps([frame]).encode(), 400, "Received a list"),
+        BadRequest("not JSON, large", b"{" + b"x" * 200_000, 400, "valid JSON",
+                   known_gap="MLflow echoes an unparsable body whole in its message"),
+        BadRequest("wrong content type", b"hello", 415, "only supports the following content types",
+                   content_type="text/plain"),
+        BadRequest("charset not UTF-8", json.dumps({"inputs": {IMAGE: [frame]}}).encode(), 415,
+                   "only supports UTF-8", content_type="application/json; charset=latin-1"),
+        BadRequest("CSV with a bad row", b"image\n%%%\n", 400, "row 0: not valid base64", content_type="text/csv"),
+        BadRequest("16-bit PNG of odd size (valid)", {"inputs": {IMAGE: [_b64(png(thermal16(23, 37)))]}}, 200, ""),
+    ]
