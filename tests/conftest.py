@@ -89,9 +89,7 @@ def project_copy(tmp_path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def restore_environment():
-    """`mlflow.set_experiment` exports MLFLOW_EXPERIMENT_ID: keep one test's MLflow state out of later subprocesses."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+def no_inherited_mlflow_context(monkeypatch):
+    """`mlflow.set_experiment` (in fixtures too) exports MLFLOW_EXPERIMENT_ID: no test's subprocess inherits it."""
+    for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
