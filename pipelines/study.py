@@ -167,16 +167,16 @@ def lr_study(run, values: list[int]) -> tuple[str, plt.Figure]:
 
 
 def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, plt.Figure]:
-    rows = []
+    rate = {}
     for count in workers:
         for batch in values:
             for config, changes in SPEED_CONFIGS.items():
-                child = run(f"speed {config} b{batch} w{count}", [*SPEED_EPOCHS, *PAPER_DEFAULT, *changes,
-                                                                  f"train.batch_size={batch}", f"train.devices={count}"])
-                rows.append({"workers": count, "batch": batch, "config": config, "images_per_s": child["images_per_s"]})
-    rate = {(r["workers"], r["batch"], r["config"]): r["images_per_s"] for r in rows}
-    for r in rows:
-        r["improvement"] = round(r["images_per_s"] / rate[(r["workers"], r["batch"], "default")], 2)
+                shape = [f"train.batch_size={batch}", f"train.devices={count}"]
+                child = run(f"speed {config} b{batch} w{count}", [*SPEED_EPOCHS, *PAPER_DEFAULT, *changes, *shape])
+                rate[(count, batch, config)] = child["images_per_s"]
+    rows = [{"workers": count, "batch": batch, "config": config, "images_per_s": value,
+             "improvement": round(value / rate[(count, batch, "default")], 2)}
+            for (count, batch, config), value in rate.items()]
     table = markdown(["workers", "batch", "configuration", "images/s", "improvement factor (Fig. 10)"],
                      [[r["workers"], r["batch"], r["config"], r["images_per_s"], f"x{r['improvement']:.2f}"]
                       for r in rows])
@@ -218,6 +218,7 @@ def main() -> None:
         mlflow.log_params({"study": args.study, "values": values, "quick": args.quick, "overrides": overrides})
         cache = prepare_cache(Path(work), args.params, overrides)
         client = MlflowClient()
+        children = []
 
         def run(name: str, changes: list[str]) -> dict:
             print(f"study {args.study}: {name} ...", flush=True)
@@ -231,6 +232,7 @@ def main() -> None:
             print(f"  best smoothed PSNR {dB(child['best_psnr_smoothed'])} dB at epoch {child['best_epoch']}, "
                   f"stopped at {child['stopped_epoch']}, {child['images_per_s']} images/s, {child['wall_s']} s",
                   flush=True)
+            children.append(child)
             return child
 
         if args.study == "batch":
@@ -245,7 +247,8 @@ def main() -> None:
                           f"`{parent.info.run_id}`.\n\n{table}")
         figure.tight_layout()
         figure.savefig(args.out / f"{args.study}.png", dpi=110)
-        for path in (report, args.out / f"{args.study}.png"):
+        (args.out / f"{args.study}.json").write_text(json.dumps(children, indent=1) + "\n")
+        for path in (report, args.out / f"{args.study}.png", args.out / f"{args.study}.json"):
             mlflow.log_artifact(str(path))
     print(table)
     print(f"wrote {report} and {args.out / (args.study + '.png')}")

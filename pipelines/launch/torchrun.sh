@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Multi-node training with torchrun: run this same command on every node.
+# Multi-node training with torchrun: run this same command on every node, from the project folder (the one with
+# params.yaml; a shared filesystem, or the same data/cache on every node), with the project's venv activated:
 #   NNODES=2 NPROC_PER_NODE=4 NODE_RANK=0 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 pipelines/launch/torchrun.sh [--set k=v ...]
 # Lightning sees torchrun's environment (TorchElasticEnvironment) and builds DDP over NNODES x NPROC_PER_NODE
-# processes; train.devices/train.num_nodes are set to match so the per-process batch is split correctly.
-# On CPU (gloo) pass `--set train.accelerator=cpu`; on GPUs NCCL is used.
+# processes; train.num_nodes/train.devices are set to match, so the global batch is split correctly.
+# On CPU (gloo) pass `--set train.accelerator=cpu`; on GPUs NCCL is used. Point MLFLOW_TRACKING_URI at a tracking
+# server when the nodes do not share this folder. A stopped run (SIGTERM, Ctrl-C, a lost node) continues from
+# checkpoints/last.ckpt when started again.
 set -euo pipefail
 : "${NNODES:=1}" "${NPROC_PER_NODE:=1}" "${NODE_RANK:=0}" "${MASTER_ADDR:=127.0.0.1}" "${MASTER_PORT:=29500}"
-cd "$(dirname "$0")/../.."
 exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "$NODE_RANK" \
   --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
-  pipelines/train.py --set "train.num_nodes=$NNODES" --set "train.devices=$NPROC_PER_NODE" "$@"
+  "$(dirname "$0")/../train.py" --set "train.num_nodes=$NNODES" --set "train.devices=$NPROC_PER_NODE" "$@"
