@@ -41,4 +41,4 @@ test: setup
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) data models checkpoints metrics/*.json reports/*.json mlflow.db mlartifacts
+	rm -rf $(VENV) data models checkpoints mlflow.db mlflow.db.lock mlruns mlartifacts reports/ingest_errors.json

@@ -22,8 +22,8 @@ from thermal2visible.cli import PipelineError, run_stage
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.recognizer import load_recognizer
-from thermal2visible.tracking import (CheckpointedMLFlowLogger, ImageGridLogger, data_hash, log_artifact,
-                                      save_psnr_curve, start_run)
+from thermal2visible.tracking import (CheckpointedMLFlowLogger, ImageGridLogger, MetricsInCheckpoint, data_hash,
+                                      log_artifact, save_psnr_curve, start_run)
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import (build_trainer, checkpointing, find_resume, per_process_batch,
@@ -92,15 +92,17 @@ def main(params: Params) -> None:
     resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST])
 
     accelerator = resolve_accelerator(t.accelerator)
-    logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, logger_class=CheckpointedMLFlowLogger, tags={
-        "data_hash": cache_hash, "fingerprint": fingerprint, "device": accelerator,
-        "precision": resolve_precision(t.precision, accelerator), "world_size": str(world_size(t))})
+    logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, logger_class=CheckpointedMLFlowLogger,
+                       tags={"data_hash": cache_hash, "fingerprint": fingerprint, "device": accelerator,
+                             "precision": resolve_precision(t.precision, accelerator),
+                             "world_size": str(world_size(t))})
     manifest = data.manifest
     module = Pix2Pix(params.model, t, manifest["image_size"], data.thermal_channels, data.visible_channels, recognizer)
     stop = PsnrEarlyStopping(params.early_stop.window, params.early_stop.patience, best_path=BEST, metadata={
         "preprocess": dataclasses.asdict(params.preprocess), "mlflow_run_id": logger.run_id, "data_hash": cache_hash})
     trainer = build_trainer(t, logger=logger, callbacks=[
-        stop, ImageGridLogger(t.image_log_every), *checkpointing(CHECKPOINTS, fingerprint, logger.run_id)])
+        stop, ImageGridLogger(t.image_log_every), MetricsInCheckpoint(logger),
+        *checkpointing(CHECKPOINTS, fingerprint, logger.run_id)])
 
     started = time.perf_counter()
     stop_like_sigterm_on_ctrl_c()

@@ -166,7 +166,8 @@ def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> 
         BadRequest("wrong column (instances)", {"instances": [{"picture": frame}]}, 400,
                    "Model is missing inputs ['image']",
                    known_gap="MLflow's schema check prefixes the whole `instances`/`inputs` data to its message"),
-        BadRequest("not a string", {"dataframe_records": [{IMAGE: 7}]}, 400, "row 0: expected a base64 string, got int"),
+        BadRequest("not a string", {"dataframe_records": [{IMAGE: 7}]}, 400,
+                   "row 0: expected a base64 string, got int"),
         BadRequest("unknown form", {"images": [frame]}, 400, "dataframe_split"),
         # and more
         BadRequest("huge JSON (over the size limit)", {"dataframe_records": [{IMAGE: over}]}, 400,

@@ -7,7 +7,6 @@ Each test prints a table of what happened to every case (`pytest -s` shows it).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import requests

@@ -17,6 +17,7 @@ import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
 
 import matplotlib
 import numpy as np
@@ -28,7 +29,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from thermal2visible.config import Params
+from thermal2visible.config import ConfigError, Params
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
@@ -38,7 +39,12 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if urlsplit(uri).scheme in ("http", "https") and urlsplit(uri).password:
+        # MLflow prints the URI in every "View run ... at: <uri>" line: terminals, DVC and CI logs.
+        raise ConfigError("MLFLOW_TRACKING_URI: holds a password, which MLflow would print; put the user and "
+                          "password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead")
+    return uri
 
 
 @contextmanager
@@ -80,6 +86,9 @@ class CheckpointedMLFlowLogger(MLFlowLogger):
     between would log them a second time after resuming. Here metrics wait until a checkpoint is on disk: then
     they are logged, and later ones of the same epoch (the training losses, logged after the checkpoint) go
     straight through. Metrics of an epoch that never got its checkpoint die with the process; its rerun logs them.
+    The waiting metrics also go into the checkpoint (`MetricsInCheckpoint`): a run killed after writing it but
+    before logging them has them logged when it resumes. Left open: a kill in the milliseconds between the
+    checkpoint and Lightning's logging of that epoch's training losses loses those points (never duplicates them).
     """
 
     def __init__(self, *args, **kwargs):
@@ -101,6 +110,16 @@ class CheckpointedMLFlowLogger(MLFlowLogger):
             self.checkpointed_step = max(self.checkpointed_step, step or 0)
 
     @rank_zero_only
+    def log_missing(self, waiting: list[tuple[dict[str, float], int]]) -> None:
+        """Log those of a checkpoint's waiting metrics that the run does not have yet."""
+        for metrics, step in waiting:
+            missing = {key: value for key, value in metrics.items()
+                       if step not in {m.step for m in self.experiment.get_metric_history(self.run_id, key)}}
+            if missing:
+                super().log_metrics(missing, step)
+            self.checkpointed_step = max(self.checkpointed_step, step)
+
+    @rank_zero_only
     def after_save_checkpoint(self, checkpoint_callback) -> None:
         super().after_save_checkpoint(checkpoint_callback)
         self._log_waiting()
@@ -110,6 +129,19 @@ class CheckpointedMLFlowLogger(MLFlowLogger):
         if status == "success":  # not after a failure: the waiting epoch was never checkpointed
             self._log_waiting()
         super().finalize(status)
+
+
+class MetricsInCheckpoint(Callback):
+    """Keeps a CheckpointedMLFlowLogger's waiting metrics in every checkpoint, and logs the missing ones on resume."""
+
+    def __init__(self, logger: CheckpointedMLFlowLogger):
+        self.logger = logger
+
+    def state_dict(self) -> dict:
+        return {"waiting": [(metrics, step) for metrics, step in self.logger.waiting if step is not None]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.logger.log_missing(state_dict["waiting"])
 
 
 def data_hash(cache_dir: str | Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -118,6 +119,6 @@ def load_generator(path: str | Path) -> tuple[UNetGenerator, dict]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         generator = UNetGenerator(**payload["model"])
         generator.load_state_dict(payload["state_dict"])
-    except (KeyError, TypeError, RuntimeError, EOFError) as error:
+    except (KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
     return generator.eval(), payload

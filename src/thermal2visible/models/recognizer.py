@@ -6,6 +6,7 @@ person a generated face shows and adds the cross-entropy against the true person
 from __future__ import annotations
 
 import hashlib
+import pickle
 from pathlib import Path
 
 import torch
@@ -50,7 +51,7 @@ def load_recognizer(path: str | Path, identities: list[str]) -> tuple[IdentityRe
                                 f"{list(identities)[:4]}... (re-run train_recognizer)")
         model = IdentityRecognizer(**payload["model"])
         model.load_state_dict(payload["state_dict"])
-    except (KeyError, TypeError, RuntimeError, EOFError) as error:
+    except (KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise PipelineError(f"{path}: not a recognizer saved by train_recognizer ({error})") from None
     for weight in model.parameters():
         weight.requires_grad_(False)

@@ -1,0 +1,121 @@
+"""The team setup of the README: a throwaway PostgreSQL cluster, a real `mlflow server` on it, and the pipeline's
+register stage pointed at the server by MLFLOW_TRACKING_URI; then the same stage straight at PostgreSQL with a
+password in the URI, which must appear in no output, param or tag.
+
+Skipped where PostgreSQL's server programs (initdb, pg_ctl) or the psycopg driver are missing. PostgreSQL refuses
+to run as root: as root the cluster runs as the `postgres` user (runuser).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import mlflow.artifacts
+import pytest
+from mlflow import MlflowClient
+from servers import MLFLOW, free_port, quiet_env, running
+from tiny_model import export_tiny
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+PASSWORD = "team-s3cret-pw"
+BINARIES = sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)  # Debian/Ubuntu keep them off PATH
+PG_BIN = Path(BINARIES[0]) if BINARIES else Path(shutil.which("pg_ctl") or "/nonexistent").parent
+
+
+def postgres_missing() -> str | None:
+    if not (PG_BIN / "initdb").exists() or not (PG_BIN / "pg_ctl").exists():
+        return "PostgreSQL server programs (initdb, pg_ctl) not installed: apt-get install postgresql"
+    try:
+        import psycopg  # noqa: F401  (SQLAlchemy's driver for postgresql:// URIs)
+    except ImportError:
+        return "psycopg (PostgreSQL driver) not installed: pip install 'psycopg[binary]'"
+    if os.geteuid() == 0 and not shutil.which("runuser"):
+        return "running as root without runuser: PostgreSQL refuses to run as root"
+    return None
+
+
+def as_postgres(*command: str | Path) -> list[str]:
+    return (["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []) + [str(part) for part in command]
+
+
+@pytest.fixture
+def postgres():
+    """A fresh cluster on 127.0.0.1 and a free port, user `mlflow` with PASSWORD, database `mlflow`; yields the
+    port. Its folder is outside pytest's tmp (which the postgres user cannot enter) and removed afterwards."""
+    if reason := postgres_missing():
+        pytest.skip(reason)
+    folder = Path(tempfile.mkdtemp(prefix="t2v-postgres-"))
+    if os.geteuid() == 0:
+        shutil.chown(folder, "postgres")
+    (folder / "password").write_text(PASSWORD)
+    port = free_port()
+    data, log = folder / "data", folder / "postgres.log"
+    try:
+        subprocess.run(as_postgres(PG_BIN / "initdb", "-D", data, "-U", "mlflow", "--pwfile", folder / "password",
+                                   "--auth", "scram-sha-256", "--no-sync"), check=True, capture_output=True)
+        subprocess.run(as_postgres(PG_BIN / "pg_ctl", "-D", data, "-l", log, "-w", "start", "-o",
+                                   f"-h 127.0.0.1 -p {port} -k {folder}"), check=True, capture_output=True)
+        subprocess.run([PG_BIN / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "mlflow", "mlflow"],
+                       check=True, env=os.environ | {"PGPASSWORD": PASSWORD})
+        yield port
+    finally:
+        subprocess.run(as_postgres(PG_BIN / "pg_ctl", "-D", data, "-m", "immediate", "stop"), capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def project_ready_to_register(root: Path, tiny_cache: Path, write_params) -> Path:
+    """What the export and evaluate stages leave for register: models/generator.onnx and their metrics."""
+    root.mkdir()
+    write_params(root)
+    export_tiny(root / "models", tiny_cache)
+    (root / "metrics").mkdir()
+    (root / "metrics" / "export.json").write_text(json.dumps({"parity_max_abs_error": 0.0}))
+    (root / "metrics" / "eval.json").write_text(json.dumps({"generator": {"psnr": 21.5}}))
+    return root
+
+
+def register_stage(project: Path, tracking_uri: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "pipelines" / "register.py"), *args], cwd=project, text=True,
+                          capture_output=True, timeout=300,
+                          env=quiet_env(MLFLOW_TRACKING_URI=tracking_uri))
+
+
+@pytest.mark.timeout(400)
+def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, tiny_cache, write_params):
+    project = project_ready_to_register(tmp_path / "project", tiny_cache, write_params)
+    # The README's recipe: the password in PGPASSWORD (or ~/.pgpass), not in the URI that `ps` shows everyone.
+    database = f"postgresql://mlflow@127.0.0.1:{postgres}/mlflow"
+    port = free_port()
+    server = [MLFLOW, "server", "--backend-store-uri", database, "--artifacts-destination",
+              str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = quiet_env(PGPASSWORD=PASSWORD, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    with running(server, "/health", port, tmp_path / "mlflow-server.log", env) as tracking_uri:
+        done = register_stage(project, tracking_uri)
+        assert done.returncode == 0, done.stderr
+        assert "registered thermal2visible version 1 as @champion" in done.stdout
+        client = MlflowClient(tracking_uri)
+        version = client.get_model_version_by_alias("thermal2visible", "champion")
+        assert int(version.version) == 1 and version.tags["test_psnr"] == repr(21.5)
+        downloaded = mlflow.artifacts.download_artifacts("models:/thermal2visible@champion", tracking_uri=tracking_uri,
+                                                          dst_path=str(tmp_path / "download"))
+        assert (Path(downloaded) / "MLmodel").is_file()  # served by the server from its artifact store
+        assert list((tmp_path / "artifacts").rglob("generator.onnx"))
+
+    # Straight at the database, password in the URI: it must not leak into outputs or the runs. (Its own
+    # experiment: the server's experiments keep artifacts behind the server, which only an http URI reaches.)
+    direct = f"postgresql://mlflow:{PASSWORD}@127.0.0.1:{postgres}/mlflow"
+    done = register_stage(project, direct, "--set", "mlflow.experiment=direct-to-postgres")
+    assert done.returncode == 0, done.stderr
+    assert "version 2 as @champion" in done.stdout and PASSWORD not in done.stdout + done.stderr
+    client = MlflowClient(direct)
+    for run in client.search_runs([e.experiment_id for e in client.search_experiments()]):
+        assert PASSWORD not in json.dumps([run.data.params, run.data.tags, run.info.artifact_uri])
+    for version in client.search_model_versions("name='thermal2visible'"):
+        assert PASSWORD not in json.dumps([version.tags, version.source])
