@@ -9,15 +9,18 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from lightning.pytorch import Callback
 
 from thermal2visible.config import IngestConfig, PreprocessConfig, SynthesizeConfig
 from thermal2visible.data.cache import build_cache
+from thermal2visible.data.datamodule import enlarge, mirrored, random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 
@@ -25,6 +28,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 REPORTS = Path("reports")
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # `servers`: the tests' real-server helpers
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
 
 
@@ -118,3 +122,11 @@ class BatchClock(Callback):
     def step_seconds(self, warmup: int) -> float:
         """Median gap after the first `warmup` batches."""
         return statistics.median([b - a for a, b in zip(self.stamps, self.stamps[1:])][warmup - 1:])
+
+
+def decoded_batch(pairs: list[tuple[np.ndarray, np.ndarray]], jitter_scale: float) -> dict[str, torch.Tensor]:
+    """A batch as a loader without a cache makes it from freshly preprocessed float NHWC pairs: enlarged and cropped
+    by the same pix2pix jitter as the datamodule's, then NCHW in [-1, 1]."""
+    enlarged = [mirrored(enlarge(torch.from_numpy(np.stack(images)), jitter_scale)) for images in zip(*pairs)]
+    windows = random_windows(enlarged, torch.arange(len(pairs)), side=pairs[0][1].shape[0])
+    return {name: images.permute(0, 3, 1, 2) * 2 - 1 for name, images in zip(("thermal", "visible"), windows)}

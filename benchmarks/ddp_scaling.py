@@ -12,6 +12,7 @@ Usage: python benchmarks/ddp_scaling.py [--size 256] [--batches 4 8] [--repeats 
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,10 +24,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
-from common import REPORTS, BatchClock, machine, markdown_table, synthetic_cache, write_report  # noqa: E402
+from common import (REPORTS, BatchClock, machine, markdown_table, median_seconds, synthetic_cache,  # noqa: E402
+                    write_report)
+from servers import free_port  # noqa: E402
 from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
@@ -90,6 +94,28 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
         out.write_text(json.dumps({"step_s": clock.step_seconds(warmup), "threads": torch.get_num_threads()}))
 
 
+def _allreduce_worker(rank: int, numel: int, port: int, out: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        gradients = torch.randn(numel).to(dtype)
+        dist.all_reduce(gradients)
+        times[str(dtype).removeprefix("torch.")] = median_seconds(lambda: dist.all_reduce(gradients), 5, warmup=1)
+    if rank == 0:
+        out.write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def allreduce_seconds(numel: int, scratch: Path) -> dict:
+    """What one all-reduce of `numel` gradients costs between 2 gloo processes, in fp32 and in bf16: the floor
+    of the per-step overhead when no spare core lets it overlap with compute."""
+    out = scratch / "allreduce.json"
+    mp.spawn(_allreduce_worker, args=(numel, free_port(), out), nprocs=2)
+    return json.loads(out.read_text())
+
+
 def run_config(name: str, batch: int, cache: Path, args, scratch: Path) -> dict:
     out = scratch / "result.json"
     out.unlink(missing_ok=True)
@@ -148,6 +174,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
         pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16
         cache, _ = synthetic_cache(Path(scratch), args.size, pairs)
+        generator_and_discriminator = Pix2Pix(PAPER_MODEL, TrainConfig(), args.size, 1, 3)
+        gradients = sum(weight.numel() for weight in generator_and_discriminator.parameters())
+        exchange = allreduce_seconds(gradients, Path(scratch))
+        print(f"  one all-reduce of the {gradients / 1e6:.1f} M gradients: " + ", ".join(
+            f"{dtype} {seconds * 1000:.0f} ms" for dtype, seconds in exchange.items()), flush=True)
         for batch in args.batches:
             rows = [run_config(name, batch, cache, args, Path(scratch)) for name in args.configs]
             single = next(r for r in rows if r["workers"] == 1)
@@ -163,7 +194,7 @@ def main() -> None:
                          [[r["batch_per_worker"], r["config"], r["images_per_s"], r["step_s"], r["overhead_s"],
                            f"x{r['speedup']:.2f}", f"{r['efficiency']:.0%}"] for r in results]))
     write_report("ddp_scaling", {"results": results, "size": args.size, "warmup": args.warmup,
-                                 "repeats": args.repeats})
+                                 "repeats": args.repeats, "gradients": gradients, "allreduce_s": exchange})
     plot(results, REPORTS / "ddp_scaling.png",
          f"DDP on {machine()['cores']} CPU cores, {args.size} px, 1 thread per worker (gloo)")
     print(f"wrote {REPORTS}/ddp_scaling.json and .png")

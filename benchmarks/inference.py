@@ -15,7 +15,6 @@ import base64
 import dataclasses
 import io
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,13 +32,11 @@ from PIL import Image  # noqa: E402
 
 from common import (REPORTS, RAW_SIDE, machine, markdown_table, median_seconds, synthetic_cache,  # noqa: E402
                     write_report)
+from servers import model_server  # noqa: E402  (start, wait until ready, always stop)
 from thermal2visible.export import (cache_to_model_input, export_generator, quantize_int8, run_onnx,  # noqa: E402
                                     run_torch)
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.serving import IMAGE, onnx_session, pyfunc_arguments  # noqa: E402
-
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
-from servers import model_server  # noqa: E402  (the tests' real-server helper: start, wait ready, always stop)
 
 
 def torch_bf16(generator: torch.nn.Module):

@@ -1,7 +1,7 @@
-"""Loader throughput (images/s, jitter included): the cached datamodule, memory-mapped and preloaded, against a
+"""Loader throughput (images/s, jitter included): the cached datamodule, with and without preload, against a
 loader that decodes, preprocesses and jitters the raw images every epoch; all on one core (1 torch thread).
-The preloaded path is also measured without the jitter, and profiled: what is left of its time is the jitter's
-bilinear resampling of every pixel, work any loader must do every epoch.
+The preloaded path is also measured without the jitter, and profiled. The cache enlarges the training images once
+(`setup`) and jitters by cropping; the decode path must resample every image every epoch.
 
 Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.py, preprocess.py in turn).
 Prints the figures and writes reports/loader.json and reports/loader.png.   Usage: python benchmarks/loader.py
@@ -17,16 +17,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from common import profile_summary
+from common import decoded_batch, profile_summary
 from thermal2visible.cli import PipelineError
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import load_manifest
-from thermal2visible.data.datamodule import PairedDataModule, jitter_pair, model_batch
+from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 
 CACHE, INDEX, REPORT = Path("data/cache"), Path("data/ingested/index.json"), Path("reports/loader")
-EPOCHS = {"decode every epoch": 1, "cache, memory-mapped": 10, "cache, preloaded": 10,
+EPOCHS = {"decode every epoch": 1, "cache, preload off": 10, "cache, preloaded": 10,
           "cache, preloaded, no jitter": 10}
 REPEATS = 3  # the best of a few rounds: other processes on the machine only ever slow a round down
 
@@ -47,26 +47,19 @@ def decoding_epoch(params, batch_size: int):
     root, layout, cfg, scale = Path(index["root"]), index["layout"], params.preprocess, params.loader.jitter_scale
     rng = np.random.default_rng(0)
 
-    def to_tensor(images):
-        return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2) * 2 - 1
-
     def epoch():
         order = rng.permutation(len(train))
         for start in range(0, len(order) - batch_size + 1, batch_size):
             rows = order[start:start + batch_size]
             raw = [read_pair(root, train[i], layout, params.ingest.max_pixels) for i in rows]
-            thermal = to_tensor([prepare_thermal(t, cfg) for t, _ in raw])
-            visible = to_tensor([prepare_visible(v, t, cfg) for t, v in raw])
-            yield dict(zip(("thermal", "visible"), jitter_pair(thermal, visible, scale)))
+            yield decoded_batch([(prepare_thermal(t, cfg), prepare_visible(v, t, cfg)) for t, v in raw], scale)
     return epoch
 
 
 def cached_epoch(params, batch_size: int, preload: bool, jitter: bool = True):
-    loader = dataclasses.replace(params.loader, preload=preload)
-    module = PairedDataModule(CACHE, batch_size, loader)
+    module = PairedDataModule(CACHE, batch_size, dataclasses.replace(params.loader, preload=preload, jitter=jitter))
     module.setup("fit")
-    scale = loader.jitter_scale if jitter else None
-    return lambda: (model_batch(batch, scale) for batch in module.train_dataloader())
+    return lambda: (model_batch(batch) for batch in module.train_dataloader())
 
 
 def profile_epochs(epoch, epochs: int) -> list[dict]:
@@ -86,7 +79,7 @@ def main() -> None:
         raise PipelineError(f"{INDEX}: missing; make the demo data first (dvc repro preprocess)")
     batch_size, manifest = params.train.batch_size, load_manifest(CACHE)
     loaders = {"decode every epoch": decoding_epoch(params, batch_size),
-               "cache, memory-mapped": cached_epoch(params, batch_size, preload=False),
+               "cache, preload off": cached_epoch(params, batch_size, preload=False),
                "cache, preloaded": cached_epoch(params, batch_size, preload=True),
                "cache, preloaded, no jitter": cached_epoch(params, batch_size, preload=True, jitter=False)}
     rates = {name: images_per_second(epoch, EPOCHS[name]) for name, epoch in loaders.items()}

@@ -13,7 +13,6 @@ Usage: python benchmarks/train_step.py [--sizes 256] [--batches 1 4] [--repeats 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,16 +21,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (REPORTS, BatchClock, machine, markdown_table, matmul_peak_gflops, profile_summary,  # noqa: E402
-                    synthetic_cache, write_report)
+from common import (REPORTS, BatchClock, decoded_batch, machine, markdown_table, matmul_peak_gflops,  # noqa: E402
+                    profile_summary, synthetic_cache, write_report)
 from thermal2visible.config import IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
-from thermal2visible.data.datamodule import PairedDataModule, jitter_pair  # noqa: E402
+from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
@@ -57,16 +57,13 @@ class DecodedPairs(Dataset):
     def __len__(self) -> int:
         return len(self.sources)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         thermal, visible = read_pair(self.root, self.sources[i], "pairs", IngestConfig().max_pixels)
-        return tuple(torch.from_numpy(image).permute(2, 0, 1) * 2 - 1
-                     for image in (prepare_thermal(thermal, self.cfg), prepare_visible(visible, thermal, self.cfg)))
+        return prepare_thermal(thermal, self.cfg), prepare_visible(visible, thermal, self.cfg)
 
 
 def jittered_batch(samples: list) -> dict:
-    thermal, visible = (torch.stack(images) for images in zip(*samples))
-    thermal, visible = jitter_pair(thermal, visible, LoaderConfig().jitter_scale)
-    return {"thermal": thermal, "visible": visible, "identity": torch.full((len(samples),), -1)}
+    return decoded_batch(samples, LoaderConfig().jitter_scale) | {"identity": torch.full((len(samples),), -1)}
 
 
 class FlopCount(Callback):

@@ -47,7 +47,7 @@ def evaluate(generator: torch.nn.Module, data: PairedDataModule) -> tuple[dict, 
     scores = {name: score_means() for name in ("generator", "baseline_mean_image", "baseline_thermal")}
     grid = None
     for batch in data.test_dataloader():
-        batch = model_batch(batch, jitter_scale=None)  # cached integers -> model space
+        batch = model_batch(batch)  # cached integers -> model space
         thermal, real = batch["thermal"], batch["visible"]
         generated = generator(thermal)
         predictions = {"generator": generated, "baseline_mean_image": mean_face.expand_as(real),

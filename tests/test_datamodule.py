@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from thermal2visible.config import LoaderConfig
-from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch
+from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, enlarge, model_batch
 
 
 def batches(module, loader):
@@ -24,7 +24,7 @@ def test_batches_have_the_contract_shapes_dtypes_and_ranges(tiny_cache, preload)
     module.setup("fit")
     raw = next(iter(module.train_dataloader()))
     assert raw["thermal"].element_size() == 2 and raw["visible"].dtype == torch.uint8  # compact on the way
-    for batch in (model_batch(raw, 1.125), *batches(module, module.val_dataloader())):
+    for batch in (model_batch(raw), *batches(module, module.val_dataloader())):
         assert batch["thermal"].shape[1:] == (1, 32, 32) and batch["visible"].shape[1:] == (3, 32, 32)
         assert batch["thermal"].dtype == batch["visible"].dtype == torch.float32
         assert batch["identity"].dtype == torch.int64 and batch["identity"].shape == batch["thermal"].shape[:1]
@@ -35,13 +35,13 @@ def test_batches_have_the_contract_shapes_dtypes_and_ranges(tiny_cache, preload)
 
 
 def test_preloaded_and_mapped_batches_hold_the_same_values(tiny_cache):
-    loaded, mapped = (PairedDataModule(tiny_cache, 4, LoaderConfig(preload=p)) for p in (True, False))
+    loaded, mapped = (PairedDataModule(tiny_cache, 4, LoaderConfig(preload=p, jitter=False)) for p in (True, False))
     loaded.setup("fit")
     mapped.setup("fit")
     assert isinstance(loaded.splits["train"].arrays["thermal"], torch.Tensor)
     assert isinstance(mapped.splits["train"].arrays["thermal"], np.memmap)
     rows = [5, 0, 11]
-    first, second = (model_batch(m.splits["train"].__getitems__(rows), None) for m in (loaded, mapped))
+    first, second = (model_batch(m.splits["train"].__getitems__(rows)) for m in (loaded, mapped))
     for key in ("thermal", "visible", "identity"):
         torch.testing.assert_close(first[key], second[key])
     expected = np.load(tiny_cache / "train_thermal.npy")[rows].transpose(0, 3, 1, 2) / 65535 * 2 - 1
@@ -53,14 +53,28 @@ def test_jitter_moves_both_images_of_a_pair_alike_and_each_pair_its_own_way():
     ramp = np.add.outer(np.arange(side), 3 * np.arange(side)).astype(np.uint8)  # asymmetric, so flips show
     visible = np.broadcast_to(ramp[None, :, :, None], (count, side, side, 3)).copy()
     thermal = visible[..., :1].astype(np.uint16) * 257                          # the same picture in 16 bits
-    pairs = CachedPairs({"thermal": thermal, "visible": visible, "identity": np.zeros(count, np.int64)})
+    arrays = {"thermal": thermal, "visible": visible, "identity": np.zeros(count, np.int64)}
     torch.manual_seed(0)
-    jittered = model_batch(pairs.__getitems__(list(range(count))), jitter_scale=1.125)
-    plain = model_batch(pairs.__getitems__(list(range(count))), jitter_scale=None)
-    torch.testing.assert_close(jittered["visible"], jittered["thermal"].expand(-1, 3, -1, -1), atol=1e-5, rtol=0)
+    jittered = model_batch(CachedPairs(arrays, jitter_scale=1.125).__getitems__(list(range(count))))
+    plain = model_batch(CachedPairs(arrays).__getitems__(list(range(count))))
+    assert jittered["visible"].shape == plain["visible"].shape == (count, 3, side, side)
+    # the same window of the same picture; 8 and 16 bits round the enlarged pixels apart by at most one 8-bit step
+    torch.testing.assert_close(jittered["visible"], jittered["thermal"].expand(-1, 3, -1, -1), atol=2 / 255, rtol=0)
     assert not torch.allclose(jittered["visible"], plain["visible"])
     distinct = {tuple(image.flatten()[:50].tolist()) for image in jittered["visible"].round(decimals=3)}
     assert len(distinct) > count // 2
+
+
+def test_enlarging_keeps_each_dtype_and_the_full_16_bit_range():
+    thermal = torch.tensor([0, 40000, 65535], dtype=torch.int32).to(torch.int16).repeat_interleave(2)  # uint16 bits
+    thermal = thermal.reshape(1, 1, 6, 1).expand(1, 6, 6, 1)  # three flat bands across the image
+    visible = torch.full((1, 6, 6, 3), 200, dtype=torch.uint8)
+    big_thermal, big_visible = enlarge(thermal, 1.5), enlarge(visible, 1.5)
+    assert big_thermal.shape == (1, 9, 9, 1) and big_visible.shape == (1, 9, 9, 3)
+    assert big_thermal.dtype == torch.int16 and big_visible.dtype == torch.uint8
+    assert (big_visible == 200).all()
+    bands = (big_thermal.int() & 0xFFFF)[0, 0, :, 0].tolist()
+    assert bands[0] == 0 and bands[4] == 40000 and bands[-1] == 65535 and bands == sorted(bands)
 
 
 def test_validation_is_deterministic_and_unjittered(tiny_cache):
@@ -95,7 +109,7 @@ DDP_SCRIPT = textwrap.dedent('''
 
         def unjittered(self, batch, split):
             rows = batch["index"].tolist()
-            plain = model_batch(self.trainer.datamodule.splits[split].__getitems__(rows), None)
+            plain = model_batch(self.trainer.datamodule.splits[split].__getitems__(rows))
             return torch.equal(plain["visible"], batch["visible"])
 
         def training_step(self, batch, batch_idx):

@@ -1,9 +1,10 @@
 """PairedDataModule: the preprocessed cache as Lightning batches.
 
 The loader moves compact integers (uint16 thermal, uint8 visible, NHWC as cached); the conversion to float
-[-1, 1] NCHW and the pix2pix jitter run after the batch reached the device (`on_after_batch_transfer`), on the
-whole batch at once. With `loader.preload` the training set is copied to the device once in `setup` (paper
-§3.3.2) and a batch is one index into it. A batch is always one fancy index (`__getitems__`), never a Python
+[-1, 1] NCHW runs after the batch reached the device (`on_after_batch_transfer`), on the whole batch at once.
+The pix2pix jitter enlarges the training split once and crops each batch from it (`CachedPairs`).
+With `loader.preload` the training set is copied to the device once in `setup` (paper §3.3.2) and a batch is
+one index into it. A batch is always one fancy index (`__getitems__`), never a Python
 loop over samples. Under DDP, Lightning swaps the shuffling sampler for a DistributedSampler, so each rank
 draws a distinct shard of every epoch.
 """
@@ -26,19 +27,36 @@ FIELDS = ("thermal", "visible", "identity")
 
 
 class CachedPairs(Dataset):
-    """One split of the cache: memory-mapped arrays, or with a `device` tensors copied there once."""
+    """One split of the cache: memory-mapped arrays, or with a `device` tensors copied there once.
 
-    def __init__(self, arrays: dict[str, np.ndarray], device: torch.device | None = None):
+    With a `jitter_scale` the split is held enlarged once and mirrored once (in memory, on `device` or the CPU:
+    2 x jitter_scale² the cache's size), and every draw is a random window of the cached side from one of the two:
+    pix2pix's jitter (resize 256 -> 286, random crop 256, random flip) for the price of one index per batch, instead
+    of resampling every pixel every epoch.
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], device: torch.device | None = None,
+                 jitter_scale: float | None = None):
         # uint16 travels as its int16 bit pattern: torch indexes and moves int16 on every device, uint16 on few.
         arrays = arrays | {"thermal": arrays["thermal"].view(np.int16)}
+        self.side = arrays["visible"].shape[1]
+        if device is None and jitter_scale is not None:
+            device = torch.device("cpu")
         self.arrays = arrays if device is None else {
             name: torch.from_numpy(np.array(array)).to(device) for name, array in arrays.items()}
+        self.jitter = jitter_scale is not None
+        if self.jitter:
+            self.arrays |= {name: mirrored(enlarge(self.arrays[name], jitter_scale)) for name in ("thermal", "visible")}
 
     def __len__(self) -> int:
         return len(self.arrays["identity"])
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        if isinstance(self.arrays["identity"], torch.Tensor):
+        if self.jitter:
+            rows = torch.as_tensor(indices, device=self.arrays["identity"].device)
+            thermal, visible = random_windows([self.arrays["thermal"], self.arrays["visible"]], rows, self.side)
+            batch = {"thermal": thermal, "visible": visible, "identity": self.arrays["identity"].index_select(0, rows)}
+        elif isinstance(self.arrays["identity"], torch.Tensor):
             rows = torch.as_tensor(indices, device=self.arrays["identity"].device)
             batch = {name: array.index_select(0, rows) for name, array in self.arrays.items()}
         else:
@@ -52,34 +70,40 @@ def _batch_as_is(batch: dict) -> dict:
     return batch
 
 
-def jitter_pair(thermal: torch.Tensor, visible: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """pix2pix jitter (enlarge by `scale`, crop back at a random place, flip half of the images), each sample its
-    own, both images of a pair the same: one bilinear resampling of each image on a shared sampling grid.
-
-    The transform has no rotation, so the grid is built per axis and broadcast: a few small ops instead of
-    affine_grid's batched matrix product, which cost as much as the resampling itself.
-    """
-    count, height, width = thermal.shape[0], thermal.shape[-2], thermal.shape[-1]
-    device = thermal.device
-    flip = torch.where(torch.rand(count, device=device) < 0.5, -1.0, 1.0)
-    shift = (torch.rand(count, 2, device=device) * 2 - 1) * (1 - 1 / scale)  # stays inside the image
-
-    def centres(side: int) -> torch.Tensor:  # pixel centres in [-1, 1], as align_corners=False places them
-        return (torch.arange(side, device=device) * 2 + 1) / side - 1
-
-    x = centres(width) * (flip[:, None] / scale) + shift[:, :1]
-    y = centres(height) / scale + shift[:, 1:]
-    grid = torch.stack(torch.broadcast_tensors(x[:, None, :], y[:, :, None]), dim=-1)
-    return tuple(F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
-                 for images in (thermal, visible))
+def enlarge(images: torch.Tensor, scale: float, chunk: int = 256) -> torch.Tensor:
+    """NHWC images resized by `scale` (bilinear), in their own dtype: integers are rounded back, and int16 holds
+    uint16 bit patterns as the cache's thermal images do. Done in chunks, so only one chunk is ever float."""
+    side = round(images.shape[1] * scale)
+    parts = []
+    for part in images.split(chunk):
+        values = (part.int() & 0xFFFF).float() if part.dtype == torch.int16 else part.float()
+        values = F.interpolate(values.permute(0, 3, 1, 2), size=(side, side), mode="bilinear", align_corners=False)
+        values = values.permute(0, 2, 3, 1)
+        if not images.dtype.is_floating_point:
+            limit = 65535 if images.dtype == torch.int16 else torch.iinfo(images.dtype).max
+            values = values.round().clamp(0, limit).int()  # int32 -> int16 keeps the low 16 bits: the uint16 pattern
+        parts.append(values.to(images.dtype).contiguous())
+    return torch.cat(parts)
 
 
-def model_batch(batch: dict[str, torch.Tensor], jitter_scale: float | None) -> dict[str, torch.Tensor]:
-    """Cached integers -> float32 NCHW in [-1, 1], jittered when a scale is given."""
+def mirrored(images: torch.Tensor) -> torch.Tensor:
+    """NHWC images -> (2, N, H, W, C): as they are, and mirrored left to right."""
+    return torch.stack([images, images.flip(2)])
+
+
+def random_windows(images: list[torch.Tensor], rows: torch.Tensor, side: int) -> list[torch.Tensor]:
+    """For each of `rows`, a random `side` x `side` window of its `mirrored` images, of the mirrored copy for
+    half of the rows: the same window of every image of a row, each row its own. One index per image."""
+    count, room, device = len(rows), images[0].shape[2] - side + 1, rows.device
+    flip, top, left = (torch.randint(limit, (count,), device=device) for limit in (2, room, room))
+    # unfold: a view of every window, (2, N, room, room, side, side, C); no pixel is copied until the index
+    return [array.unfold(-3, side, 1).unfold(-3, side, 1).movedim(-3, -1)[flip, rows, top, left] for array in images]
+
+
+def model_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Cached integers -> float32 NCHW in [-1, 1]."""
     thermal = (batch["thermal"].permute(0, 3, 1, 2).int() & 0xFFFF).float() * (2 / 65535) - 1  # int16 bits -> uint16
     visible = batch["visible"].permute(0, 3, 1, 2).float() * (2 / 255) - 1
-    if jitter_scale is not None:
-        thermal, visible = jitter_pair(thermal, visible, jitter_scale)
     return batch | {"thermal": thermal.contiguous(), "visible": visible.contiguous()}
 
 
@@ -98,9 +122,11 @@ class PairedDataModule(LightningDataModule):
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         for split in SPLITS:
             if split not in self.splits:
-                preload = split == "train" and self.loader.preload
+                training = split == "train"
                 arrays = dict(zip(FIELDS, load_split(self.cache_dir, split)))
-                self.splits[split] = CachedPairs(arrays, device if preload else None)
+                jitter_scale = self.loader.jitter_scale if training and self.loader.jitter else None
+                self.splits[split] = CachedPairs(arrays, device if training and self.loader.preload else None,
+                                                 jitter_scale)
         world = self.trainer.world_size if self.trainer is not None else 1
         if stage == "fit" and len(self.splits["train"]) < self.batch_size * world:
             raise PipelineError(f"{self.cache_dir}: {len(self.splits['train'])} training pairs cannot fill one batch "
@@ -109,7 +135,7 @@ class PairedDataModule(LightningDataModule):
     def _dataloader(self, split: str) -> DataLoader:
         training = split == "train"
         # Preloaded batches already sit on the device: workers or pinned copies would only add work.
-        preloaded = isinstance(self.splits[split].arrays["identity"], torch.Tensor)
+        preloaded = training and self.loader.preload
         workers = 0 if preloaded else self.loader.num_workers
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=training, drop_last=training,
                           collate_fn=_batch_as_is, num_workers=workers, persistent_workers=workers > 0,
@@ -125,5 +151,4 @@ class PairedDataModule(LightningDataModule):
         return self._dataloader("test")
 
     def on_after_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
-        training = self.trainer is not None and self.trainer.training and self.loader.jitter
-        return model_batch(batch, self.loader.jitter_scale if training else None)
+        return model_batch(batch)
