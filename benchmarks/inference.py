@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import dataclasses
 import io
+import json
 import statistics
 import tempfile
 import time
@@ -25,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
 import pandas as pd  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
@@ -61,6 +64,24 @@ def engine_latencies(engines: dict, images: np.ndarray, batches: list[int], repe
             print(f"  {name:34s} batch {batch}: {rows[-1]['ms_per_image']:8.2f} ms/image, "
                   f"{rows[-1]['images_per_s']:7.2f} images/s", flush=True)
     return rows
+
+
+def onnxruntime_profile(path: Path, batch: np.ndarray, runs: int = 5, top: int = 6) -> list[dict]:
+    """onnxruntime's own profiler over `runs` calls: the `top` operator types by time, with their share."""
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(path.with_suffix(""))
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        run_onnx(session, batch)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    by_type = collections.Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            by_type[event["args"]["op_name"]] += event["dur"]
+    total = sum(by_type.values()) or 1
+    return [{"op": op, "ms_per_run": round(micros / runs / 1000, 2), "share": round(micros / total, 3)}
+            for op, micros in by_type.most_common(top)]
 
 
 def request_frame(size: int) -> str:
@@ -150,6 +171,9 @@ def main() -> None:
                    "onnxruntime fp32": lambda x: run_onnx(sessions["fp32"], x),
                    "onnxruntime int8 (static QDQ)": lambda x: run_onnx(sessions["int8"], x)}
         rows = engine_latencies(engines, images[16:], args.batches, args.repeats)
+        profile = onnxruntime_profile(fp32, images[16:17])
+        print("  where onnxruntime fp32 spends batch 1: "
+              + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]), flush=True)
         serving = None
         if not args.no_rest:
             model_dir = scratch / "pyfunc"
@@ -166,7 +190,7 @@ def main() -> None:
               f"{serving['in_process']['p99_ms']} ms; REST p50 {serving['rest']['p50_ms']} ms, p99 "
               f"{serving['rest']['p99_ms']} ms (x{serving['rest_over_in_process_p50']:.2f})")
     write_report("inference", {"size": args.size, "threads": args.threads, "engines": rows,
-                               "serving": serving})
+                               "onnxruntime_fp32_profile_batch_1": profile, "serving": serving})
     plot(rows, serving, REPORTS / "inference.png", f"Generator {args.size} px, {args.threads} threads")
     print(f"wrote {REPORTS}/inference.json and .png")
 
