@@ -103,7 +103,10 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
         client = MlflowClient(tracking_uri)
         version = client.get_model_version_by_alias("thermal2visible", "champion")
         assert int(version.version) == 1 and version.tags["test_psnr"] == repr(21.5)
-        downloaded = mlflow.artifacts.download_artifacts("models:/thermal2visible@champion", tracking_uri=tracking_uri,
+        # The version's files by their location on the server: MLflow resolves a models:/ URI through the process's
+        # global registry URI, whatever tracking_uri is passed, so it would ask an earlier test's store.
+        location = client.get_model_version_download_uri("thermal2visible", version.version)
+        downloaded = mlflow.artifacts.download_artifacts(location, tracking_uri=tracking_uri,
                                                           dst_path=str(tmp_path / "download"))
         assert (Path(downloaded) / "MLmodel").is_file()  # served by the server from its artifact store
         assert list((tmp_path / "artifacts").rglob("generator.onnx"))
