@@ -1,8 +1,8 @@
 """Data-parallel scaling on this CPU: 1 vs 2 worker processes (1 thread each, gloo), same per-worker batch.
 
 Every configuration is a fresh `python benchmarks/ddp_scaling.py --worker ...` process that trains the project's
-Pix2Pix (paper model, bf16-mixed, channels_last, fused Adam, preloaded cache) under a real Trainer: 1 worker
-without DDP, 2 workers under the project's GanDDPStrategy (Lightning's launcher starts the second rank by running
+Pix2Pix (paper model, default precision: bf16-mixed where the CPU has bf16 instructions, channels_last, fused Adam,
+preloaded cache) under a real Trainer: 1 worker without DDP, 2 workers under the project's GanDDPStrategy (Lightning's launcher starts the second rank by running
 the same command line again), with DDP's bucket settings and gradient compression varied. DDP refuses the stock
 bf16 compression hook on CPU by its name, so the bf16 hook here is the project's own, doing the same thing.
 
@@ -34,7 +34,7 @@ from servers import free_port  # noqa: E402
 from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
-from thermal2visible.training.trainer import GanDDPStrategy, build_trainer  # noqa: E402
+from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, resolve_precision  # noqa: E402
 
 PAPER_MODEL = ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
@@ -76,7 +76,7 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     """One configuration; rank 0 writes {"step_s": ...} to `out`."""
     config = dict(config)
     workers, compress = config.pop("workers"), config.pop("compress", None)
-    train = TrainConfig(batch_size=batch * workers, devices=workers, accelerator="cpu", precision="bf16-mixed",
+    train = TrainConfig(batch_size=batch * workers, devices=workers, accelerator="cpu", precision="auto",
                         channels_last=True, fused_adam=True, max_epochs=1)
     strategy = "auto"
     if workers == 1:
@@ -168,8 +168,8 @@ def main() -> None:
         return
     if "1 worker" not in args.configs:
         parser.error("--configs must include '1 worker' (the reference)")
-    print(f"{machine()['cpu']}, {machine()['cores']} cores; {args.size} px, bf16-mixed + channels_last + fused Adam",
-          flush=True)
+    print(f"{machine()['cpu']}, {machine()['cores']} cores; {args.size} px, "
+          f"{resolve_precision('auto', 'cpu')} + channels_last + fused Adam", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
         pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16

@@ -27,8 +27,9 @@ from common import REPORTS, machine, markdown_table, write_report  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
 from study import PAPER_DEFAULT, prepare_cache, train_child  # noqa: E402
+from thermal2visible.training.trainer import resolve_precision  # noqa: E402
 
-OPTIMIZED = ("train.precision=bf16-mixed", "train.channels_last=true", "train.fused_adam=true", "loader.preload=true")
+OPTIMIZED = ("train.precision=auto", "train.channels_last=true", "train.fused_adam=true", "loader.preload=true")
 
 
 def plot(children: dict, path: Path) -> None:
@@ -63,7 +64,7 @@ def main() -> None:
     optimized = [*OPTIMIZED, f"train.batch_size={args.batch}", f"train.devices={args.workers}",
                  f"train.lr_scaling={args.lr_scaling}"]
     configs = {"pix2pix default (batch 1, fp32)": [*common, *PAPER_DEFAULT, "train.batch_size=1"],
-               f"optimized (batch {args.batch}, bf16-mixed, all, lr scaling {args.lr_scaling})": [*common, *optimized]}
+               f"optimized (batch {args.batch}, {resolve_precision('auto', 'cpu')}, all, lr scaling {args.lr_scaling})": [*common, *optimized]}
     with tempfile.TemporaryDirectory(prefix="t2v-ttq-") as work:
         cache = prepare_cache(Path(work), args.params, args.overrides)
         children = {}

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from thermal2visible.config import ConfigError, ModelConfig, Params, TrainConfig
 from thermal2visible.models.recognizer import IdentityRecognizer
+from thermal2visible.training import trainer as trainer_module
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, gan_loss, linear_decay, scaled_lr
 from thermal2visible.training.trainer import (STAMP, GanDDPStrategy, build_trainer, find_resume, per_process_batch,
                                               resolve_precision, run_fingerprint)
@@ -78,17 +79,23 @@ def test_linear_decay_over_the_last_epochs():
     assert [round(decay(epoch), 3) for epoch in range(10)] == [1] * 7 + [0.75, 0.5, 0.25]
 
 
-def test_precision_mapping(capsys):
-    assert resolve_precision("16-mixed", "cpu") == "bf16-mixed"
-    assert capsys.readouterr().out.count("\n") == 1  # a one-line notice
+@pytest.mark.parametrize("native_bf16, cpu_mixed", [(True, "bf16-mixed"), (False, "32-true")])
+def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch, capsys):
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native_bf16)
+    assert resolve_precision("auto", "gpu") == "16-mixed"
+    assert resolve_precision("auto", "cpu") == cpu_mixed
     assert resolve_precision("16-mixed", "gpu") == "16-mixed"
-    assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
     assert resolve_precision("32-true", "cpu") == "32-true"
     assert capsys.readouterr().out == ""
+    assert resolve_precision("16-mixed", "cpu") == cpu_mixed
+    assert capsys.readouterr().out.count("\n") == 1  # a one-line notice
+    assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"  # asked for by name: kept, with a notice if emulated
+    assert capsys.readouterr().out.count("\n") == (0 if native_bf16 else 1)
+    monkeypatch.undo()
+    assert build_trainer(tiny_train(precision="16-mixed")).precision == resolve_precision("auto", "cpu")
 
 
 def test_trainer_settings_from_params():
-    assert build_trainer(tiny_train(precision="16-mixed")).precision == "bf16-mixed"
     ddp = build_trainer(tiny_train(devices=2, batch_size=8)).strategy
     assert isinstance(ddp, GanDDPStrategy) and ddp.num_processes == 2
     assert ddp._get_process_group_backend() == "gloo" and ddp._ddp_kwargs == {"gradient_as_bucket_view": True}

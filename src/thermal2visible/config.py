@@ -90,7 +90,7 @@ class TrainConfig:
     lr_decay_epochs: int = 0
     min_epochs: int = 1
     max_epochs: int = 200
-    precision: Literal["32-true", "16-mixed", "bf16-mixed"] = "32-true"
+    precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = "auto"
     accelerator: str = "auto"
     devices: int = 1
     num_nodes: int = 1
