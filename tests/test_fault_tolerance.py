@@ -29,7 +29,8 @@ from thermal2visible.training.early_stopping import PsnrEarlyStopping
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-EPOCHS, WINDOW = 40, 2  # tiny epochs take ~0.2 s: enough of them for every interruption to land mid-run
+EPOCHS, WINDOW = 100, 2  # tiny epochs take 0.1-0.2 s, and a point missed is tried again in a later epoch:
+# enough of them for every interruption to land mid-run, whatever the speed of the CPU
 
 
 def start(project: Path, name: str, *args: str) -> subprocess.Popen:
