@@ -52,17 +52,17 @@ class CachedPairs(Dataset):
         return len(self.arrays["identity"])
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices)
         if self.jitter:
-            rows = torch.as_tensor(indices, device=self.arrays["identity"].device)
+            rows = index.to(self.arrays["identity"].device)
             thermal, visible = random_windows([self.arrays["thermal"], self.arrays["visible"]], rows, self.side)
             batch = {"thermal": thermal, "visible": visible, "identity": self.arrays["identity"].index_select(0, rows)}
         elif isinstance(self.arrays["identity"], torch.Tensor):
-            rows = torch.as_tensor(indices, device=self.arrays["identity"].device)
+            rows = index.to(self.arrays["identity"].device)
             batch = {name: array.index_select(0, rows) for name, array in self.arrays.items()}
         else:
-            rows = np.asarray(indices)
-            batch = {name: torch.from_numpy(array[rows]) for name, array in self.arrays.items()}
-        return batch | {"index": torch.as_tensor(indices)}
+            batch = {name: torch.from_numpy(array[index.numpy()]) for name, array in self.arrays.items()}
+        return batch | {"index": index}
 
 
 def _batch_as_is(batch: dict) -> dict:
