@@ -2,8 +2,9 @@
 
 Every configuration is a fresh `python benchmarks/ddp_scaling.py --worker ...` process that trains the project's
 Pix2Pix (paper model, default precision: bf16-mixed where the CPU has bf16 instructions, channels_last, fused Adam,
-preloaded cache) under a real Trainer: 1 worker without DDP, 2 workers under the project's GanDDPStrategy (Lightning's launcher starts the second rank by running
-the same command line again), with DDP's bucket settings and gradient compression varied. DDP refuses the stock
+preloaded cache) under a real Trainer: 1 worker without DDP, 2 workers under the project's GanDDPStrategy
+(Lightning's launcher starts the second rank by running the same command line again), with DDP's bucket settings
+and gradient compression varied. DDP refuses the stock
 bf16 compression hook on CPU by its name, so the bf16 hook here is the project's own, doing the same thing.
 
 Writes reports/ddp_scaling.json and reports/ddp_scaling.png.

@@ -63,8 +63,10 @@ def main() -> None:
               f"train.max_epochs={args.max_epochs}", "train.image_log_every=0", *args.overrides]
     optimized = [*OPTIMIZED, f"train.batch_size={args.batch}", f"train.devices={args.workers}",
                  f"train.lr_scaling={args.lr_scaling}"]
+    precision = resolve_precision("auto", "cpu")
+    optimized_name = f"optimized (batch {args.batch}, {precision}, all, lr scaling {args.lr_scaling})"
     configs = {"pix2pix default (batch 1, fp32)": [*common, *PAPER_DEFAULT, "train.batch_size=1"],
-               f"optimized (batch {args.batch}, {resolve_precision('auto', 'cpu')}, all, lr scaling {args.lr_scaling})": [*common, *optimized]}
+               optimized_name: [*common, *optimized]}
     with tempfile.TemporaryDirectory(prefix="t2v-ttq-") as work:
         cache = prepare_cache(Path(work), args.params, args.overrides)
         children = {}
