@@ -27,7 +27,7 @@ from thermal2visible.data.synthetic import synthesize
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
-REPORTS = Path("reports")
+from thermal2visible.paths import REPORTS  # noqa: E402
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # `servers`: the tests' real-server helpers
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
 

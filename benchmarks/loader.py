@@ -18,14 +18,15 @@ import numpy as np
 import torch
 
 from common import decoded_batch, profile_summary
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
+from thermal2visible.paths import CACHE, INDEX, REPORTS
 
-CACHE, INDEX, REPORT = Path("data/cache"), Path("data/ingested/index.json"), Path("reports/loader")
+REPORT = REPORTS / "loader"
 EPOCHS = {"decode every epoch": 1, "cache, preload off": 10, "cache, preloaded": 10,
           "cache, preloaded, no jitter": 10}
 REPEATS = 3  # the best of a few rounds: other processes on the machine only ever slow a round down

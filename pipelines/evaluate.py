@@ -5,22 +5,19 @@ and the thermal image itself replicated to the visible channels. Writes metrics/
 reports/eval_grid.png (rows thermal | generated | real); the run is tracked in MLflow.
 """
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.cli import run_stage
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.generator import load_generator
 from thermal2visible.tracking import comparison_grid, data_hash, log_artifact, save_grid, start_run
+from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID
 
-CACHE = Path("data/cache")
-GENERATOR = Path("models/generator.pt")
-EVAL_JSON = Path("metrics/eval.json")
-GRID = Path("reports/eval_grid.png")
 GRID_FACES = 8
 
 
@@ -74,21 +71,21 @@ def main(params: Params) -> None:
         raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
     results, grid = evaluate(generator, data)
     report = {"test_images": data.manifest["counts"]["test"], **results}
-    EVAL_JSON.parent.mkdir(parents=True, exist_ok=True)
-    EVAL_JSON.write_text(json.dumps(report, indent=2) + "\n")
-    save_grid(grid, GRID)
+    EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)
+    EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")
+    save_grid(grid, EVAL_GRID)
 
     logger = start_run(params, "evaluate", ("mlflow",), tags={
         "data_hash": data_hash(CACHE), "train_run_id": str(payload.get("mlflow_run_id"))})
     logger.log_metrics({f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
                         for name, values in results.items() for metric, value in values.items()})
-    for path in (EVAL_JSON, GRID):
+    for path in (EVAL_METRICS, EVAL_GRID):
         log_artifact(logger, path)
     logger.finalize("success")
     ours, mean_face, thermal = (results[name]["psnr"] for name in ("generator", "baseline_mean_image",
                                                                      "baseline_thermal"))
     print(f"evaluate: test PSNR {ours:.2f} dB (mean-image baseline {mean_face:.2f}, thermal baseline "
-          f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; {EVAL_JSON}, {GRID}")
+          f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; {EVAL_METRICS}, {EVAL_GRID}")
 
 
 if __name__ == "__main__":

@@ -8,22 +8,18 @@ failing export never leaves a model behind for `register` to pick up.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 
-from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.cli import run_stage
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.export import (cache_to_model_input, check_parity, export_generator, median_latency_ms, psnr,
                                     quantize_int8, run_onnx, run_torch)
 from thermal2visible.models.generator import load_generator
 from thermal2visible.serving import onnx_session
+from thermal2visible.paths import CACHE, GENERATOR, ONNX, ONNX_INT8, EXPORT_METRICS
 
-GENERATOR = Path("models/generator.pt")
-ONNX = Path("models/generator.onnx")
-INT8 = Path("models/generator.int8.onnx")
-CACHE = Path("data/cache")
-METRICS = Path("metrics/export.json")
 CALIBRATION_IMAGES = 64
 
 
@@ -59,13 +55,13 @@ def main(params: Params) -> None:
                "ort_latency_ms": median_latency_ms(lambda x: run_onnx(session, x), one),
                "torch_latency_ms": median_latency_ms(lambda x: run_torch(generator, x), one)}
     if params.export.int8:
-        quantize_int8(ONNX, INT8, load_split("train", image_size)[:CALIBRATION_IMAGES])
-        int8 = onnx_session(INT8)
-        metrics |= {"int8_size_bytes": INT8.stat().st_size,
+        quantize_int8(ONNX, ONNX_INT8, load_split("train", image_size)[:CALIBRATION_IMAGES])
+        int8 = onnx_session(ONNX_INT8)
+        metrics |= {"int8_size_bytes": ONNX_INT8.stat().st_size,
                     "int8_latency_ms": median_latency_ms(lambda x: run_onnx(int8, x), one),
                     "int8_psnr_vs_fp32": psnr(run_onnx(session, test), run_onnx(int8, test))}
-    METRICS.parent.mkdir(parents=True, exist_ok=True)
-    METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+    EXPORT_METRICS.parent.mkdir(parents=True, exist_ok=True)
+    EXPORT_METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics, indent=2))
 
 

@@ -6,9 +6,8 @@ from pathlib import Path
 from thermal2visible.cli import run_stage
 from thermal2visible.config import Params
 from thermal2visible.data.ingest import IngestError, ingest
+from thermal2visible.paths import INDEX, INGEST_ERRORS
 
-INDEX = Path("data/ingested/index.json")
-REPORT = Path("reports/ingest_errors.json")
 
 
 def write_json(path: Path, value) -> None:
@@ -20,11 +19,11 @@ def main(params: Params) -> None:
     try:
         index, problems = ingest(Path(params.data.source), params.data.layout, params.ingest)
     except IngestError as error:
-        write_json(REPORT, [dataclasses.asdict(p) for p in error.problems])  # the full list, beyond the terminal
+        write_json(INGEST_ERRORS, [dataclasses.asdict(p) for p in error.problems])  # the full list, beyond the terminal
         raise
-    write_json(REPORT, [dataclasses.asdict(p) for p in problems])
+    write_json(INGEST_ERRORS, [dataclasses.asdict(p) for p in problems])
     write_json(INDEX, index)
-    skipped = f", {len(problems)} bad file(s) skipped (see {REPORT})" if problems else ""
+    skipped = f", {len(problems)} bad file(s) skipped (see {INGEST_ERRORS})" if problems else ""
     print(f"ingest: {len(index['pairs'])} pairs from {params.data.source}{skipped}")
 
 

@@ -1,14 +1,13 @@
 """Stage `preprocess`: crop, normalise, resize and split the ingested pairs into the cache data/cache/."""
 import json
 import shutil
-from pathlib import Path
 
-from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.cli import run_stage
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.cache import build_cache
+from thermal2visible.paths import INDEX, CACHE
 
-INDEX = Path("data/ingested/index.json")
-CACHE = Path("data/cache")
 
 
 def main(params: Params) -> None:

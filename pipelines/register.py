@@ -11,16 +11,14 @@ from pathlib import Path
 
 import mlflow
 
-from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.cli import run_stage
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.registry import register
 from thermal2visible.serving import onnx_metadata, onnx_session
 from thermal2visible.tracking import git_tags, tracking_uri
+from thermal2visible.paths import ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS
 
-ONNX = Path("models/generator.onnx")
-EXPORT_METRICS = Path("metrics/export.json")
-EVAL_METRICS = Path("metrics/eval.json")
-METRICS = Path("metrics/register.json")
 
 
 def read_metrics(path: Path, stage: str) -> dict:
@@ -52,8 +50,8 @@ def main(params: Params) -> None:
         max_pixels=params.serve.max_pixels)
     summary = {"model_name": result.name, "version": result.version, "alias": result.alias,
                "test_psnr": test_psnr, "champion_psnr_before": result.champion_psnr_before}
-    METRICS.parent.mkdir(parents=True, exist_ok=True)
-    METRICS.write_text(json.dumps(summary, indent=2) + "\n")
+    REGISTER_METRICS.parent.mkdir(parents=True, exist_ok=True)
+    REGISTER_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"registered {result.name} version {result.version} as @{result.alias}")
 
 

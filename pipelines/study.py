@@ -37,13 +37,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
-from thermal2visible.cli import PipelineError  # noqa: E402
-from thermal2visible.config import ConfigError, load_params  # noqa: E402
+from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
+from thermal2visible.config import load_params  # noqa: E402
+from thermal2visible.paths import INDEX, RECOGNIZER, STUDY_REPORTS  # noqa: E402
 from thermal2visible.tracking import tracking_uri  # noqa: E402
 from thermal2visible.training.trainer import resolve_accelerator, resolve_precision  # noqa: E402
 
 PIPELINES = Path(__file__).resolve().parent
-OUT = Path("reports/study")
 # A few CPU minutes per study: small images and network, short window and patience. (The speed study keeps the
 # demo's model: on tinier ones, per-step overheads swamp what the optimizations change.)
 QUICK = ("preprocess.image_size=32", "model.ngf=16", "model.ndf=16", "train.max_epochs=40", "train.min_epochs=1",
@@ -80,7 +80,7 @@ def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> su
 
 def prepare_cache(work: Path, params: Path, overrides: list[str]) -> Path:
     """The study's cache: pipelines/preprocess.py on ./data/ingested with the study's overrides."""
-    ingested = Path("data/ingested/index.json")
+    ingested = INDEX
     if not ingested.is_file():
         raise PipelineError(f"{ingested}: missing; run the ingest stage first (dvc repro ingest)")
     base = work / "base"
@@ -98,7 +98,7 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     project = work / name.replace(" ", "_").replace("/", "-")
     (project / "data").mkdir(parents=True)
     (project / "data" / "cache").symlink_to(cache.resolve())
-    recognizer = Path("models/recognizer.pt")
+    recognizer = RECOGNIZER
     if recognizer.is_file():
         (project / "models").mkdir()
         (project / "models" / "recognizer.pt").symlink_to(recognizer.resolve())
@@ -209,7 +209,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="speed study: train.devices values")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=STUDY_REPORTS)
     args = parser.parse_args()
     overrides = [*(QUICK if args.quick and args.study != "speed" else ()), *args.overrides]
     values = args.values or DEFAULT_VALUES[args.study][args.quick]

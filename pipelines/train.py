@@ -13,12 +13,12 @@ import os
 import shutil
 import signal
 import time
-from pathlib import Path
 
 from lightning.pytorch import seed_everything
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from thermal2visible.cli import PipelineError, run_stage
+from thermal2visible.cli import run_stage
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.recognizer import load_recognizer
@@ -28,13 +28,9 @@ from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import (build_trainer, checkpointing, find_resume, per_process_batch,
                                               resolve_accelerator, resolve_precision, run_fingerprint, world_size)
+from thermal2visible.paths import CACHE, RECOGNIZER, GENERATOR, CHECKPOINTS, TRAIN_METRICS, PSNR_CSV, PSNR_CURVE
 
-CACHE = Path("data/cache")
-RECOGNIZER = Path("models/recognizer.pt")
-GENERATOR = Path("models/generator.pt")
-CHECKPOINTS = Path("checkpoints")
 BEST = CHECKPOINTS / "best_generator.pt"
-TRAIN_JSON, PSNR_CSV, CURVE = Path("metrics/train.json"), Path("metrics/psnr.csv"), Path("reports/psnr_curve.png")
 LOGGED_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")
 
 
@@ -53,14 +49,14 @@ def write_outputs(stop: PsnrEarlyStopping, seconds: float, run_id: str | None) -
     shutil.copyfile(BEST, GENERATOR.with_name(GENERATOR.name + ".tmp"))
     os.replace(GENERATOR.with_name(GENERATOR.name + ".tmp"), GENERATOR)
     summary = stop.summary() | {"seconds": round(seconds, 1), "mlflow_run_id": run_id}
-    TRAIN_JSON.parent.mkdir(parents=True, exist_ok=True)
-    TRAIN_JSON.write_text(json.dumps(summary, indent=2) + "\n")
+    TRAIN_METRICS.parent.mkdir(parents=True, exist_ok=True)
+    TRAIN_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
     with PSNR_CSV.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["epoch", "psnr", "psnr_smoothed"])
         for epoch, (psnr, smoothed) in enumerate(zip(stop.history, stop.smoothed()), start=1):
             writer.writerow([epoch, f"{psnr:.4f}", "" if smoothed is None else f"{smoothed:.4f}"])
-    save_psnr_curve(CURVE, stop.history, stop.smoothed(), stop.best_epoch, len(stop.history), stop.window)
+    save_psnr_curve(PSNR_CURVE, stop.history, stop.smoothed(), stop.best_epoch, len(stop.history), stop.window)
     return summary
 
 
@@ -120,7 +116,7 @@ def main(params: Params) -> None:
     if not trainer.is_global_zero:
         return
     summary = write_outputs(stop, time.perf_counter() - started, logger.run_id)
-    for path in (GENERATOR, CURVE, PSNR_CSV):
+    for path in (GENERATOR, PSNR_CURVE, PSNR_CSV):
         log_artifact(logger, path)
     print(f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "
           f"(raw {summary['best_psnr']:.2f} dB); stopped at epoch {summary['stopped_epoch']} of at most "

@@ -5,7 +5,6 @@ metrics/recognizer.json (validation accuracy). Data without identities gets a re
 a notice): the pipeline still runs, and training refuses train.lambda_id > 0 with a clear error.
 """
 import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -18,10 +17,8 @@ from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.tracking import data_hash, log_artifact, start_run
 from thermal2visible.training.trainer import resolve_accelerator
+from thermal2visible.paths import CACHE, RECOGNIZER, RECOGNIZER_METRICS
 
-CACHE = Path("data/cache")
-RECOGNIZER = Path("models/recognizer.pt")
-METRICS = Path("metrics/recognizer.json")
 
 
 class RecognizerTask(LightningModule):
@@ -49,8 +46,8 @@ class RecognizerTask(LightningModule):
 def write(payload: dict, metrics: dict) -> None:
     RECOGNIZER.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, RECOGNIZER)
-    METRICS.parent.mkdir(parents=True, exist_ok=True)
-    METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+    RECOGNIZER_METRICS.parent.mkdir(parents=True, exist_ok=True)
+    RECOGNIZER_METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 def main(params: Params) -> None:

@@ -21,7 +21,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from tqdm import tqdm
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import ServeConfig
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
 from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64

@@ -1,7 +1,8 @@
 """params.yaml loading: the shipped file is valid, and every kind of bad value names its key."""
 import pytest
 
-from thermal2visible.config import ConfigError, load_params
+from thermal2visible.errors import ConfigError
+from thermal2visible.config import load_params
 
 REPO_PARAMS = "params.yaml"
 

@@ -8,7 +8,7 @@ import pytest
 import tifffile
 from PIL import Image
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.data.images import BadImage, decode_image, read_image
 
 RNG = np.random.default_rng(0)

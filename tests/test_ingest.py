@@ -8,7 +8,7 @@ import pytest
 import tifffile
 from PIL import Image
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import IngestConfig
 from thermal2visible.data.ingest import IngestError, ingest, read_pair
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
 from thermal2visible.models.generator import UNetGenerator, load_generator, save_generator
 from thermal2visible.models.recognizer import IdentityRecognizer, load_recognizer

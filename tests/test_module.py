@@ -7,7 +7,8 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
-from thermal2visible.config import ConfigError, ModelConfig, Params, TrainConfig
+from thermal2visible.errors import ConfigError
+from thermal2visible.config import ModelConfig, Params, TrainConfig
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.training import trainer as trainer_module
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, gan_loss, linear_decay, scaled_lr

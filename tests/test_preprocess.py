@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.cache import load_manifest, load_split
 from thermal2visible.data.images import read_image

@@ -20,8 +20,7 @@ from PIL import Image
 from servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
-from thermal2visible.cli import PipelineError
-from thermal2visible.config import ConfigError
+from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.models.generator import load_generator
 from thermal2visible.models.recognizer import load_recognizer
 from thermal2visible.serving import ServingError, bad_request, decode_row, max_encoded_length, pyfunc_arguments

@@ -6,11 +6,8 @@ import os
 import sys
 from typing import Callable
 
-from thermal2visible.config import ConfigError, Params, load_params
-
-
-class PipelineError(ValueError):
-    """An expected failure a user can fix (bad data, missing stage output); printed without a traceback."""
+from thermal2visible.config import Params, load_params
+from thermal2visible.errors import ConfigError, PipelineError
 
 
 def run_stage(main: Callable[[Params], object], description: str | None = None) -> None:

@@ -9,9 +9,7 @@ from typing import Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A params.yaml value that cannot be used; the message names the key."""
+from thermal2visible.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 from skimage.metrics import peak_signal_noise_ratio
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 
 INPUT_NAME = "thermal"
 OUTPUT_NAME = "visible"

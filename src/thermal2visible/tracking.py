@@ -29,7 +29,8 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from thermal2visible.config import ConfigError, Params
+from thermal2visible.errors import ConfigError
+from thermal2visible.config import Params
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.ingest import SPLITS, read_pair
 from thermal2visible.data.preprocess import assign_splits, prepare_thermal, prepare_visible

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import LoaderConfig
 from thermal2visible.data.cache import load_manifest, load_split
 from thermal2visible.data.ingest import SPLITS

@@ -14,7 +14,7 @@ import numpy as np
 import tifffile
 from PIL import Image
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8\xff"

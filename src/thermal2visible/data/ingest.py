@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import IngestConfig
 from thermal2visible.data.images import IMAGE_SUFFIXES, BadImage, decode_image, read_bytes
 

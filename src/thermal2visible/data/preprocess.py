@@ -10,7 +10,7 @@ from skimage.filters import threshold_otsu
 from skimage.measure import label, regionprops
 from skimage.transform import resize
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
 
 Box = tuple[int, int, int]  # top, left, side of a square

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 
 DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
 

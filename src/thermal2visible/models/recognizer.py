@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from thermal2visible.cli import PipelineError
+from thermal2visible.errors import PipelineError
 
 STAGES = 4  # stride-2 stages: 64 px -> 4x4 features; 16 px (the smallest image) -> 1x1
 

@@ -17,7 +17,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from torch.nn.parallel import DistributedDataParallel
 
-from thermal2visible.config import ConfigError, Params, TrainConfig
+from thermal2visible.errors import ConfigError
+from thermal2visible.config import Params, TrainConfig
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
 

@@ -1,0 +1,25 @@
+"""Where every stage reads and writes, relative to the project folder. dvc.yaml names the same paths
+(tests/test_dvc_pipeline.py checks that they agree)."""
+from pathlib import Path
+
+RAW = Path("data/raw")
+INDEX = Path("data/ingested/index.json")
+INGEST_ERRORS = Path("reports/ingest_errors.json")
+CACHE = Path("data/cache")
+RECOGNIZER = Path("models/recognizer.pt")
+GENERATOR = Path("models/generator.pt")
+CHECKPOINTS = Path("checkpoints")
+ONNX = Path("models/generator.onnx")
+ONNX_INT8 = Path("models/generator.int8.onnx")
+
+RECOGNIZER_METRICS = Path("metrics/recognizer.json")
+TRAIN_METRICS = Path("metrics/train.json")
+PSNR_CSV = Path("metrics/psnr.csv")
+PSNR_CURVE = Path("reports/psnr_curve.png")
+EVAL_METRICS = Path("metrics/eval.json")
+EVAL_GRID = Path("reports/eval_grid.png")
+EXPORT_METRICS = Path("metrics/export.json")
+REGISTER_METRICS = Path("metrics/register.json")
+
+STUDY_REPORTS = Path("reports/study")
+REPORTS = Path("reports")
