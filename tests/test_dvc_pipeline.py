@@ -1,10 +1,14 @@
-"""The DVC pipeline in a real temporary git + DVC repo: repro, no-op repro, and a param change re-running only its stages."""
+"""The DVC pipeline: in a real temporary git + DVC repo, repro, no-op repro, a param change and a code change re-running
+only their stages; and dvc.yaml's deps and outs checked against what each stage's code imports and writes."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+from imports import REPO, import_closure
+
+from thermal2visible import paths
 
 DATA_STAGES = ["synthesize", "ingest", "preprocess"]
 
@@ -38,3 +42,44 @@ def test_repro_twice_is_a_noop_and_a_param_reruns_only_its_stages(project_copy):
     third = dvc(repo, "repro", "preprocess")
     assert ran_stages(third) == {"preprocess"}
     assert json.loads(manifest.read_text())["image_size"] == 16
+
+
+def stage_scripts():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    return {name: REPO / stage["cmd"].split()[1] for name, stage in stages.items()}, stages
+
+
+def test_every_stage_depends_on_every_file_its_script_imports():
+    scripts, stages = stage_scripts()
+    for name, script in scripts.items():
+        deps = [Path(dep) for dep in stages[name]["deps"] if not dep.startswith("${")]
+        missing = [str(path) for path in sorted(import_closure(script))
+                   if not any(path == dep or dep in path.parents for dep in deps)]
+        assert not missing, f"dvc.yaml stage {name!r} runs {', '.join(missing)} but does not list it in deps"
+
+
+def test_dvc_yaml_writes_where_the_code_writes():
+    _, stages = stage_scripts()
+    declared = set()
+    for stage in stages.values():
+        for kind in ("outs", "metrics", "plots"):
+            declared |= {next(iter(entry)) if isinstance(entry, dict) else entry for entry in stage.get(kind, [])}
+    written = {str(value) for name, value in vars(paths).items() if name.isupper() and name not in ("REPORTS",
+                                                                                                      "STUDY_REPORTS")}
+    # data/ingested is the index's folder; models/generator.int8.onnx is optional (export.int8)
+    assert written - declared == {str(paths.INDEX), str(paths.ONNX_INT8)}
+    assert str(paths.INDEX.parent) in declared
+
+
+def test_editing_a_library_file_makes_dvc_status_name_the_stages_that_use_it(project_copy):
+    repo = project_copy
+    dvc(repo, "repro", "preprocess")
+    assert "up to date" in dvc(repo, "status", "preprocess")
+    with (repo / "src/thermal2visible/data/preprocess.py").open("a") as file:
+        file.write("\n# edited\n")
+    changed = yaml.safe_load(dvc(repo, "status", "--json", "--with-deps", "preprocess"))
+    assert set(changed) == {"preprocess"}, changed
+    with (repo / "src/thermal2visible/errors.py").open("a") as file:
+        file.write("\n# edited\n")
+    assert set(yaml.safe_load(dvc(repo, "status", "--json", "--with-deps", "preprocess"))) == set(DATA_STAGES)
+    assert ran_stages(dvc(repo, "repro", "preprocess")) == set(DATA_STAGES)

@@ -1,0 +1,45 @@
+"""The project files a pipeline script runs: itself and every `thermal2visible` module it imports, transitively
+(function-level imports too), read from the source with `ast` rather than by importing it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src"
+
+
+def _module_file(name: str) -> Path | None:
+    base = PACKAGE.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from package import module` imports the module; `from module import name` the module alone
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in names if name.split(".")[0] == "thermal2visible"}
+
+
+def import_closure(script: Path) -> set[Path]:
+    """`script` and the package files it needs, as paths relative to the repo."""
+    seen, todo = set(), [script.resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imported_modules(path):
+            parts = name.split(".")
+            for depth in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__, a/b/__init__ too
+                found = _module_file(".".join(parts[:depth]))
+                if found:
+                    todo.append(found)
+    return {path.relative_to(REPO) for path in seen}
