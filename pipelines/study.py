@@ -38,21 +38,19 @@ import mlflow  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
-from thermal2visible.config import load_params  # noqa: E402
+from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import INDEX, RECOGNIZER, STUDY_REPORTS  # noqa: E402
 from thermal2visible.tracking import tracking_uri  # noqa: E402
 from thermal2visible.training.trainer import resolve_accelerator, resolve_precision  # noqa: E402
 
 PIPELINES = Path(__file__).resolve().parent
-# A few CPU minutes per study: small images and network, short window and patience. (The speed study keeps the
-# demo's model: on tinier ones, per-step overheads swamp what the optimizations change.)
-QUICK = ("preprocess.image_size=32", "model.ngf=16", "model.ndf=16", "train.max_epochs=40", "train.min_epochs=1",
-         "early_stop.window=3", "early_stop.patience=6", "train.image_log_every=0")
+PRESETS = PIPELINES.parent / "params"
+# A few CPU minutes per study. (The speed study keeps the demo's model: on tinier ones, per-step overheads swamp
+# what the optimizations change.)
+QUICK = preset_overrides(PRESETS / "quick_study.yaml")
 DEFAULT_VALUES = {"batch": ([1, 2, 4, 8, 16, 32, 64], [2, 8, 32]), "lr": ([4], [4]), "speed": ([2, 8, 32], [16])}
 LR_RULES = ("none", "sqrt", "linear")
-# The pix2pix default the speed study starts from: fp32, NCHW, plain Adam, batches read from the memory-mapped cache.
-PAPER_DEFAULT = ("train.precision=32-true", "train.channels_last=false", "train.fused_adam=false",
-                 "train.compile=false", "loader.preload=false")
+PAPER_DEFAULT = preset_overrides(PRESETS / "pix2pix_default.yaml")  # the speed study's starting point
 SPEED_CONFIGS = {"default": (), "input": ("loader.preload=true",), "MP": ("train.precision=16-mixed",),
                  "both": ("loader.preload=true", "train.precision=16-mixed")}
 SPEED_EPOCHS = ("train.max_epochs=3", "train.min_epochs=3", "early_stop.window=1", "early_stop.patience=100")

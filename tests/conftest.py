@@ -13,13 +13,10 @@ import yaml
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DVC_NO_ANALYTICS"] = "1"
 
-from thermal2visible.config import Params, apply_override, load_params  # noqa: E402  (after the environment is set)
+from thermal2visible.config import Params, apply_override, load_params, preset_overrides  # noqa: E402  (after the environment is set)
 
 REPO = Path(__file__).resolve().parents[1]
-# Small enough for a test to build, train and serve in seconds on two CPU cores.
-TINY = ("synthesize.identities=4", "synthesize.images_per_identity=6", "synthesize.resolution=48",
-        "preprocess.image_size=32", "train.batch_size=4", "train.max_epochs=2", "early_stop.window=1",
-        "model.ngf=8", "model.ndf=8")
+TINY = preset_overrides(REPO / "params" / "tiny.yaml")
 
 
 def _write_params(directory: Path, *overrides: str) -> Path:

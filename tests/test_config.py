@@ -1,8 +1,13 @@
 """params.yaml loading: the shipped file is valid, and every kind of bad value names its key."""
-import pytest
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+import yaml
+
+from thermal2visible.config import load_params, preset_overrides
 from thermal2visible.errors import ConfigError
-from thermal2visible.config import load_params
 
 REPO_PARAMS = "params.yaml"
 
@@ -45,3 +50,27 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_params(bad)
+
+
+@pytest.mark.parametrize("preset", sorted(Path("params").glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_preset_loads_and_changes_what_it_names(preset):
+    raw = yaml.safe_load(preset.read_text())
+    params = load_params(REPO_PARAMS, preset_overrides(preset))
+    for section, keys in raw.items():
+        for key, value in keys.items():
+            loaded = getattr(getattr(params, section), key)
+            assert list(loaded) == value if isinstance(loaded, tuple) else loaded == value, f"{section}.{key}"
+
+
+def test_preset_printed_for_dvc_exp_run_reads_back_the_same():
+    printed = subprocess.run([sys.executable, "-m", "thermal2visible.config", "params/paper_gpu.yaml"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert printed[::2] == ["-S"] * (len(printed) // 2)
+    assert load_params(REPO_PARAMS, printed[1::2]) == load_params(REPO_PARAMS, preset_overrides("params/paper_gpu.yaml"))
+    assert load_params(REPO_PARAMS, printed[1::2]).train.precision == "16-mixed"
+
+
+def test_a_preset_that_is_not_sections_of_keys_is_refused(tmp_path):
+    (tmp_path / "flat.yaml").write_text("batch_size: 4\n")
+    with pytest.raises(ConfigError, match="flat.yaml: expected sections"):
+        preset_overrides(tmp_path / "flat.yaml")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +241,25 @@ def apply_override(raw: dict, override: str) -> None:
     raw[section][key] = yaml.safe_load(value)
 
 
+def preset_overrides(path: str | Path) -> list[str]:
+    """A preset (a YAML file under params/ holding some sections and keys of params.yaml) as `section.key=value`
+    overrides, values in compact JSON (which YAML reads back) so a shell splits the list at spaces only."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such preset file") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict) or not all(isinstance(keys, dict) for keys in raw.values()):
+        raise ConfigError(f"{path}: expected sections of `key: value`, as in params.yaml")
+    def text(value: object) -> str:
+        if isinstance(value, str) and " " not in value and yaml.safe_load(value) == value:
+            return value
+        return json.dumps(value, separators=(",", ":"))
+    return [f"{section}.{key}={text(value)}" for section, keys in raw.items() for key, value in keys.items()]
+
+
 def load_params(path: str | Path = "params.yaml", overrides: typing.Sequence[str] = ()) -> Params:
     path = Path(path)
     try:
@@ -260,3 +280,12 @@ def load_params(path: str | Path = "params.yaml", overrides: typing.Sequence[str
     params = Params(**{name: _build(hints[name], raw[name], name) for name in raw})
     _check(params)
     return params
+
+
+if __name__ == "__main__":
+    # `dvc exp run $(python -m thermal2visible.config params/paper_gpu.yaml)`: a preset as `-S section.key=value`
+    import sys
+    try:
+        print(" ".join(f"-S {override}" for preset in sys.argv[1:] for override in preset_overrides(preset)))
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
