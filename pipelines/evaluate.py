@@ -15,7 +15,8 @@ from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.generator import load_generator
-from thermal2visible.tracking import comparison_grid, data_hash, log_artifact, save_grid, start_run
+from thermal2visible.tracking.figures import comparison_grid, save_grid
+from thermal2visible.tracking.store import log_artifact, start_run
 from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID
 
 GRID_FACES = 8
@@ -75,8 +76,8 @@ def main(params: Params) -> None:
     EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")
     save_grid(grid, EVAL_GRID)
 
-    logger = start_run(params, "evaluate", ("mlflow",), tags={
-        "data_hash": data_hash(CACHE), "train_run_id": str(payload.get("mlflow_run_id"))})
+    logger = start_run(params, "evaluate", ("mlflow",), tags={"train_run_id": str(payload.get("mlflow_run_id"))},
+                       dataset_context="evaluation")
     logger.log_metrics({f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
                         for name, values in results.items() for metric, value in values.items()})
     for path in (EVAL_METRICS, EVAL_GRID):

@@ -16,7 +16,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.registry import register
 from thermal2visible.serving import onnx_metadata, onnx_session
-from thermal2visible.tracking import git_tags, tracking_uri
+from thermal2visible.tracking.store import git_tags, tracking_uri
 from thermal2visible.paths import ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS
 
 

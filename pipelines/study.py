@@ -40,7 +40,7 @@ from mlflow import MlflowClient  # noqa: E402
 from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import INDEX, RECOGNIZER, STUDY_REPORTS  # noqa: E402
-from thermal2visible.tracking import tracking_uri  # noqa: E402
+from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 from thermal2visible.training.trainer import resolve_accelerator, resolve_precision  # noqa: E402
 
 PIPELINES = Path(__file__).resolve().parent

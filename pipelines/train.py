@@ -22,8 +22,9 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.recognizer import load_recognizer
-from thermal2visible.tracking import (CheckpointedMLFlowLogger, ImageGridLogger, MetricsInCheckpoint, data_hash,
-                                      log_artifact, save_psnr_curve, start_run)
+from thermal2visible.tracking.exactly_once import CheckpointedMLFlowLogger, MetricsInCheckpoint
+from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
+from thermal2visible.tracking.store import data_hash, log_artifact, start_run
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import (build_trainer, checkpointing, find_resume, per_process_batch,
@@ -89,7 +90,7 @@ def main(params: Params) -> None:
 
     accelerator = resolve_accelerator(t.accelerator)
     logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, logger_class=CheckpointedMLFlowLogger,
-                       tags={"data_hash": cache_hash, "fingerprint": fingerprint, "device": accelerator,
+                       dataset_context="training", tags={"fingerprint": fingerprint, "device": accelerator,
                              "precision": resolve_precision(t.precision, accelerator),
                              "world_size": str(world_size(t))})
     manifest = data.manifest

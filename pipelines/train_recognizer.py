@@ -15,7 +15,7 @@ from thermal2visible.cli import run_stage
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.tracking import data_hash, log_artifact, start_run
+from thermal2visible.tracking.store import log_artifact, start_run
 from thermal2visible.training.trainer import resolve_accelerator
 from thermal2visible.paths import CACHE, RECOGNIZER, RECOGNIZER_METRICS
 
@@ -61,7 +61,7 @@ def main(params: Params) -> None:
     seed_everything(cfg.seed, workers=True, verbose=False)
     model = IdentityRecognizer(data.visible_channels, len(identities), cfg.width)
     logger = start_run(params, "train_recognizer", ("preprocess", "loader", "recognizer"),
-                       tags={"data_hash": data_hash(CACHE)})
+                       dataset_context="training")
     task = RecognizerTask(model, len(identities), cfg.lr)
     # Validation faces are new photos of the training people only when the split is random;
     # split_by identity holds whole people out, whom a classifier of the training people cannot name.

@@ -73,7 +73,7 @@ def project_copy(tmp_path) -> Path:
     """A fresh git + DVC repo holding the project's pipeline files and tiny params, as a user's clone would."""
     repo = tmp_path / "project"
     repo.mkdir()
-    for name in ("dvc.yaml", "MLproject", "conda.yaml"):
+    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore"):
         shutil.copy(REPO / name, repo / name)
     for name in ("pipelines", "src"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))

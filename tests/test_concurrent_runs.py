@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from servers import mlflow_server
 
-from thermal2visible.tracking import ensure_experiment, open_store
+from thermal2visible.tracking.store import ensure_experiment, open_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

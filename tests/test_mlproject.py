@@ -1,42 +1,72 @@
-"""`mlflow run . --env-manager local -e <stage>` on tiny params: the MLproject entry points run the real stages,
-and each stage's MLflow run is a child of the run `mlflow run` opened."""
+"""`mlflow run . --env-manager local -e <stage>` for real: an entry point runs its stage through `dvc exp run` with
+exactly the settings given (none: params.yaml as it is), so params.yaml, dvc.lock and the MLflow run agree."""
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from thermal2visible.config import load_params
+from thermal2visible.paths import CACHE
+
 pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
 
 
-def mlflow_run(repo: Path, uri: str, entry: str, *parameters: str) -> None:
-    command = [str(Path(sys.executable).with_name("mlflow")), "run", str(repo), "--env-manager", "local",
-               "--experiment-name", "mlproject-test", "-e", entry]
+def mlflow_run(repo: Path, uri: str, entry: str, *parameters: str) -> subprocess.CompletedProcess:
+    command = [str(BIN / "mlflow"), "run", str(repo), "--env-manager", "local", "--experiment-name", "mlproject-test",
+               "-e", entry]
     for parameter in parameters:
         command += ["-P", parameter]
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "MLFLOW_TRACKING_URI": uri})
-    assert result.returncode == 0, f"mlflow run -e {entry} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": uri})
 
 
-def test_stage_entry_points_run_under_mlflow_run(project_copy):
+def train_runs(uri: str) -> list:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("mlproject-test").experiment_id
+    return client.search_runs([experiment], "attributes.run_name = 'train'", order_by=["attributes.start_time ASC"])
+
+
+def dvc_status_clean(repo: Path) -> bool:
+    status = subprocess.run([str(BIN / "dvc"), "status", "--json", "train"], cwd=repo, capture_output=True, text=True,
+                            check=True)
+    return yaml.safe_load(status.stdout) == {}
+
+
+def test_train_entry_point_uses_params_yaml_as_it_is_then_only_what_is_given(project_copy):
     repo = project_copy
     uri = f"sqlite:///{repo / 'mlflow.db'}"
-    mlflow_run(repo, uri, "synthesize", "identities=3", "images_per_identity=4")
-    assert len(list((repo / "data/raw/thermal").rglob("*.png"))) == 12
-    mlflow_run(repo, uri, "ingest")
-    mlflow_run(repo, uri, "preprocess", "image_size=16")
-    mlflow_run(repo, uri, "train", "batch_size=4", "max_epochs=2", "precision=32-true")
+    result = mlflow_run(repo, uri, "train")
+    assert result.returncode == 0, f"mlflow run -e train failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert (repo / "models/generator.pt").is_file()
-
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("mlproject-test").experiment_id])
-    train = [run for run in runs if run.info.run_name == "train"]
-    assert len(train) == 1 and train[0].info.status == "FINISHED"
-    parent = client.get_run(train[0].data.tags[MLFLOW_PARENT_RUN_ID])
+    params = load_params(repo / "params.yaml")
+    [run] = train_runs(uri)
+    logged = run.data.params
+    expected = {key: str(value) for key, value in params.flat("model", "train", "early_stop", "loader").items()}
+    assert {key: logged[key] for key in expected} == expected
+    assert run.info.status == "FINISHED"
+    parent = MlflowClient(uri).get_run(run.data.tags[MLFLOW_PARENT_RUN_ID])
     assert parent.data.tags["mlflow.project.entryPoint"] == "train"
-    assert train[0].data.params["train.batch_size"] == "4"
-    assert {"val_psnr", "loss_g"} <= set(train[0].data.metrics)
+    assert run.data.tags["dvc_experiment"] != "none"  # ran inside `dvc exp run`
+    assert dvc_status_clean(repo)
+
+    result = mlflow_run(repo, uri, "train", "set=train.max_epochs=3 train.lr_g=0.0001")
+    assert result.returncode == 0, f"mlflow run -e train -P set=... failed:\n{result.stderr[-3000:]}"
+    first, second = train_runs(uri)
+    assert (second.data.params["train.max_epochs"], second.data.params["train.lr_g"]) == ("3", "0.0001")
+    assert yaml.safe_load((repo / "params.yaml").read_text())["train"]["max_epochs"] == 3
+    locked = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]["params"]["params.yaml"]
+    assert locked["train"]["max_epochs"] == 3
+    assert dvc_status_clean(repo)
+    assert (repo / CACHE / "manifest.json").is_file()
+
+
+def test_an_undeclared_mlproject_parameter_is_refused_naming_the_right_form(project_copy):
+    result = mlflow_run(project_copy, f"sqlite:///{project_copy / 'mlflow.db'}", "synthesize", "identities=3")
+    assert result.returncode != 0
+    assert 'the only MLproject parameter is set, e.g. -P set="train.batch_size=16' in result.stderr

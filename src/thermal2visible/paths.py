@@ -22,4 +22,8 @@ EXPORT_METRICS = Path("metrics/export.json")
 REGISTER_METRICS = Path("metrics/register.json")
 
 STUDY_REPORTS = Path("reports/study")
+UI_SCREENSHOTS = Path("reports/ui")
 REPORTS = Path("reports")
+
+# What a run's code is made of: a change here (not in params.yaml or the pipeline's outputs) makes a run `git_dirty`.
+SOURCES = (Path("src"), Path("pipelines"), Path("dvc.yaml"), Path("pyproject.toml"), Path("MLproject"), Path("params"))

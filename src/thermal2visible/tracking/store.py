@@ -1,0 +1,149 @@
+"""The MLflow store and the identity of every run: where tracking goes, the run a stage logs to, and what ties
+that run to its code (git commit, whether the sources differed), its data (an MLflow dataset whose digest is the
+data hash) and its DVC experiment.
+
+Tracking goes to `MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the working directory, with artifacts in
+./mlruns beside it. Every run is a Lightning `MLFlowLogger`; under DDP only rank 0 creates the run and logs to it.
+
+The data version is `data_hash`: the md5 of data/cache/manifest.json. The manifest names every source file by
+sha256 and the preprocess params, so it changes exactly when the cache's inputs change (unlike the dvc.lock hash
+it exists outside `dvc repro` too, e.g. for a stage run by hand).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+from urllib.parse import urlsplit
+
+from lightning.pytorch.loggers import MLFlowLogger
+from mlflow import MlflowClient
+from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import DatasetInput, InputTag
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
+
+from thermal2visible.config import Params
+from thermal2visible.errors import ConfigError
+from thermal2visible.paths import CACHE, SOURCES
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+EXPERIMENT_KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if urlsplit(uri).scheme in ("http", "https") and urlsplit(uri).password:
+        # MLflow prints the URI in every "View run ... at: <uri>" line: terminals, DVC and CI logs.
+        raise ConfigError("MLFLOW_TRACKING_URI: holds a password, which MLflow would print; put the user and "
+                          "password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead")
+    return uri
+
+
+@contextmanager
+def first_use_lock(uri: str) -> Iterator[None]:
+    """Held while a process opens a local SQLite store, so only one at a time can be creating it.
+
+    MLflow builds a new store's tables on first use, and processes doing that at once break each other
+    ("duplicate column name: step", "table _alembic_tmp_metrics already exists"): torchrun nodes, or two runs
+    started together on a fresh mlflow.db. A tracking server or PostgreSQL needs no such lock.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(uri.removeprefix("sqlite:///").partition("?")[0] + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def open_store(uri: str) -> MlflowClient:
+    """A client of `uri`; a new SQLite store gets its tables here, under `first_use_lock`."""
+    with first_use_lock(uri):
+        return MlflowClient(uri)
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> None:
+    """Create experiment `name` unless it exists; another run creating it at the same moment is no error.
+
+    It is marked as model development, so MLflow's UI shows it as a training experiment, not a GenAI one.
+    """
+    if client.get_experiment_by_name(name) is None:
+        try:
+            client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT})
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+
+
+def data_hash(cache_dir: str | Path) -> str:
+    return hashlib.md5((Path(cache_dir) / "manifest.json").read_bytes()).hexdigest()
+
+
+def git_tags() -> dict[str, str]:
+    """The commit the code came from, and whether the sources (not the pipeline's outputs) differed from it."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    changed = git("status", "--porcelain", "--", *map(str, SOURCES))
+    return {"mlflow.source.git.commit": commit.strip(), "git_dirty": str(bool(changed)).lower()}
+
+
+def run_identity() -> dict[str, str]:
+    """Tags naming what produced a run: git commit and dirtiness, and the DVC experiment it ran in (`dvc exp run`
+    exports DVC_EXP_NAME to its stages; a plain `dvc repro` or a script run alone has none)."""
+    return git_tags() | {"dvc_experiment": os.environ.get("DVC_EXP_NAME", "none")}
+
+
+def log_dataset(client: MlflowClient, run_id: str, cache_dir: Path, digest: str, context: str) -> None:
+    """The cache as an MLflow dataset input of the run (the UI's Datasets panel), its digest the data hash."""
+    dataset = MetaDataset(resolve_dataset_source(str(cache_dir.resolve())), name=cache_dir.name, digest=digest)
+    client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+
+
+def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str, str] | None = None,
+              run_id: str | None = None, logger_class: type[MLFlowLogger] = MLFlowLogger,
+              dataset_context: str | None = None) -> MLFlowLogger:
+    """A new MLflow run logging `params.flat(*sections)` and `tags`, or (run_id) the existing run to continue.
+
+    Every run carries `run_identity`. With `dataset_context` (training, evaluation) it reads data/cache: the run
+    is tagged with its `data_hash` and gets the cache as its dataset input in that context.
+    Under `mlflow run` (which exports MLFLOW_RUN_ID) a new run is that run's child, in its experiment, so one
+    `mlflow run . -e main` shows every stage's run beneath it.
+    """
+    tags = {**run_identity(), **(tags or {})}
+    digest = data_hash(CACHE) if dataset_context else None
+    if digest:
+        tags["data_hash"] = digest
+    experiment = params.mlflow.experiment
+    client = open_store(tracking_uri())
+    parent = os.environ.get("MLFLOW_RUN_ID")
+    if parent and run_id is None:
+        experiment = client.get_experiment(client.get_run(parent).info.experiment_id).name
+        tags[MLFLOW_PARENT_RUN_ID] = parent
+    ensure_experiment(client, experiment)  # MLFlowLogger's own get-or-create fails when two runs race
+    logger = logger_class(experiment_name=experiment, run_name=name, tracking_uri=tracking_uri(), tags=tags,
+                          run_id=run_id)
+    if run_id is None:  # a continued run has them already, and MLflow refuses to change a logged param
+        logger.log_hyperparams(params.flat(*sections))
+        if digest and logger.run_id:
+            log_dataset(logger.experiment, logger.run_id, CACHE, digest, dataset_context)
+    return logger
+
+
+def log_artifact(logger: MLFlowLogger, path: str | Path) -> None:
+    if logger.run_id:  # None on ranks other than 0
+        logger.experiment.log_artifact(logger.run_id, str(path))
+
+
