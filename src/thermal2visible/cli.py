@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import warnings
 from typing import Callable
 
 from thermal2visible.config import Params, load_params, preset_overrides
 from thermal2visible.errors import ConfigError, PipelineError
+
+
+def quiet_lightning() -> None:
+    """Keep a stage's output to what it says: Lightning's advertising tips and a deprecation inside Lightning
+    itself (its own pytree helper, on every fit) tell a user nothing they can act on."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not record.getMessage().startswith("💡 Tip:"))
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def run_stage(main: Callable[[Params], object], description: str | None = None) -> None:
@@ -21,6 +31,7 @@ def run_stage(main: Callable[[Params], object], description: str | None = None) 
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    quiet_lightning()
     try:
         presets = [override for preset in args.presets for override in preset_overrides(preset)]
         main(load_params(args.params, [*presets, *args.overrides]))

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import os
 import subprocess
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -108,7 +109,11 @@ def run_identity() -> dict[str, str]:
 
 def log_dataset(client: MlflowClient, run_id: str, cache_dir: Path, digest: str, context: str) -> None:
     """The cache as an MLflow dataset input of the run (the UI's Datasets panel), its digest the data hash."""
-    dataset = MetaDataset(resolve_dataset_source(str(cache_dir.resolve())), name=cache_dir.name, digest=digest)
+    with warnings.catch_warnings():
+        # MLflow registers its local-file source twice (schemes "" and "file") and warns that it picked one of the two
+        warnings.filterwarnings("ignore", "The specified dataset source can be interpreted in multiple ways")
+        source = resolve_dataset_source(str(cache_dir.resolve()))
+    dataset = MetaDataset(source, name=cache_dir.name, digest=digest)
     client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
 
 
