@@ -9,7 +9,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -28,7 +27,6 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from thermal2visible.paths import REPORTS  # noqa: E402
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # `servers`: the tests' real-server helpers
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
 
 

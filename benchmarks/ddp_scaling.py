@@ -31,7 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 
 from common import (REPORTS, BatchClock, machine, markdown_table, median_seconds, synthetic_cache,  # noqa: E402
                     write_report)
-from servers import free_port  # noqa: E402
+from thermal2visible.servers import free_port  # noqa: E402
 from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402

@@ -35,7 +35,7 @@ from PIL import Image  # noqa: E402
 
 from common import (REPORTS, RAW_SIDE, machine, markdown_table, median_seconds, synthetic_cache,  # noqa: E402
                     write_report)
-from servers import model_server  # noqa: E402  (start, wait until ready, always stop)
+from thermal2visible.servers import model_server  # noqa: E402
 from thermal2visible.export import (cache_to_model_input, export_generator, quantize_int8, run_onnx,  # noqa: E402
                                     run_torch)
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402

@@ -35,8 +35,7 @@ from thermal2visible.export import export_generator  # noqa: E402
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.serving import IMAGE, pyfunc_arguments  # noqa: E402
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
-from servers import model_server  # noqa: E402  (the tests' real-server helper: start, wait ready, always stop)
+from thermal2visible.servers import model_server  # noqa: E402
 
 
 def served_model(folder: Path, size: int, ngf: int) -> Path:

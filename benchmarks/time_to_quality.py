@@ -13,7 +13,6 @@ Usage: python benchmarks/time_to_quality.py [--batch 8] [--window 5] [--patience
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,8 +24,9 @@ import torch  # noqa: E402
 
 from common import REPORTS, machine, markdown_table, write_report  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
-from study import PAPER_DEFAULT, prepare_cache, train_child  # noqa: E402
+from thermal2visible.config import preset_overrides  # noqa: E402
+from thermal2visible.paths import PIX2PIX_DEFAULT  # noqa: E402
+from thermal2visible.study import prepare_cache, train_child  # noqa: E402
 from thermal2visible.training.trainer import resolve_precision  # noqa: E402
 
 OPTIMIZED = ("train.precision=auto", "train.channels_last=true", "train.fused_adam=true", "loader.preload=true")
@@ -65,7 +65,7 @@ def main() -> None:
                  f"train.lr_scaling={args.lr_scaling}"]
     precision = resolve_precision("auto", "cpu")
     optimized_name = f"optimized (batch {args.batch}, {precision}, all, lr scaling {args.lr_scaling})"
-    configs = {"pix2pix default (batch 1, fp32)": [*common, *PAPER_DEFAULT, "train.batch_size=1"],
+    configs = {"pix2pix default (batch 1, fp32)": [*common, *preset_overrides(PIX2PIX_DEFAULT), "train.batch_size=1"],
                optimized_name: [*common, *optimized]}
     with tempfile.TemporaryDirectory(prefix="t2v-ttq-") as work:
         cache = prepare_cache(Path(work), args.params, args.overrides)

@@ -20,14 +20,9 @@ Usage: python pipelines/study.py --study {batch,lr,speed} [--quick] [--values ..
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import matplotlib
@@ -39,87 +34,15 @@ from mlflow import MlflowClient  # noqa: E402
 
 from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
-from thermal2visible.paths import INDEX, RECOGNIZER, STUDY_REPORTS  # noqa: E402
-from thermal2visible.tracking.store import tracking_uri  # noqa: E402
+from thermal2visible.paths import PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
+from thermal2visible.study import absolute_tracking_uri, prepare_cache, train_child  # noqa: E402
 from thermal2visible.training.trainer import resolve_accelerator, resolve_precision  # noqa: E402
 
-PIPELINES = Path(__file__).resolve().parent
-PRESETS = PIPELINES.parent / "params"
-# A few CPU minutes per study. (The speed study keeps the demo's model: on tinier ones, per-step overheads swamp
-# what the optimizations change.)
-QUICK = preset_overrides(PRESETS / "quick_study.yaml")
 DEFAULT_VALUES = {"batch": ([1, 2, 4, 8, 16, 32, 64], [2, 8, 32]), "lr": ([4], [4]), "speed": ([2, 8, 32], [16])}
 LR_RULES = ("none", "sqrt", "linear")
-PAPER_DEFAULT = preset_overrides(PRESETS / "pix2pix_default.yaml")  # the speed study's starting point
 SPEED_CONFIGS = {"default": (), "input": ("loader.preload=true",), "MP": ("train.precision=16-mixed",),
                  "both": ("loader.preload=true", "train.precision=16-mixed")}
 SPEED_EPOCHS = ("train.max_epochs=3", "train.min_epochs=3", "early_stop.window=1", "early_stop.patience=100")
-
-
-def absolute_tracking_uri() -> str:
-    """The project's tracking URI, a relative sqlite path made absolute so children in other folders share it."""
-    uri = tracking_uri()
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not Path(uri[len(prefix):]).is_absolute():
-        return prefix + str(Path.cwd() / uri[len(prefix):])
-    return uri
-
-
-def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
-    env = os.environ | {"MLFLOW_TRACKING_URI": absolute_tracking_uri(), "MLFLOW_DISABLE_TELEMETRY": "true",
-                        "DVC_NO_ANALYTICS": "1"}
-    command = [sys.executable, str(PIPELINES / script), "--params", str(params.resolve())]
-    command += [arg for override in overrides for arg in ("--set", override)]
-    finished = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    if finished.returncode != 0:
-        raise PipelineError(f"{script} {' '.join(overrides)} failed in {cwd}:\n{finished.stderr.strip()[-2000:]}")
-    return finished
-
-
-def prepare_cache(work: Path, params: Path, overrides: list[str]) -> Path:
-    """The study's cache: pipelines/preprocess.py on ./data/ingested with the study's overrides."""
-    ingested = INDEX
-    if not ingested.is_file():
-        raise PipelineError(f"{ingested}: missing; run the ingest stage first (dvc repro ingest)")
-    base = work / "base"
-    (base / "data").mkdir(parents=True)
-    source = Path(json.loads(ingested.read_text())["root"])
-    (base / source).parent.mkdir(parents=True, exist_ok=True)
-    (base / source).symlink_to(source.resolve())
-    (base / "data" / "ingested").symlink_to(ingested.parent.resolve())
-    run_script("preprocess.py", base, params, overrides)
-    return base / "data" / "cache"
-
-
-def train_child(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
-    """One real training run in its own scratch project; what it reports (train.json, PSNR per epoch, speed)."""
-    project = work / name.replace(" ", "_").replace("/", "-")
-    (project / "data").mkdir(parents=True)
-    (project / "data" / "cache").symlink_to(cache.resolve())
-    recognizer = RECOGNIZER
-    if recognizer.is_file():
-        (project / "models").mkdir()
-        (project / "models" / "recognizer.pt").symlink_to(recognizer.resolve())
-    started = time.perf_counter()
-    run_script("train.py", project, params, overrides)
-    wall = time.perf_counter() - started
-    summary = json.loads((project / "metrics" / "train.json").read_text())
-    with (project / "metrics" / "psnr.csv").open() as file:
-        rows = list(csv.DictReader(file))
-    client = MlflowClient(absolute_tracking_uri())
-    run_id = summary["mlflow_run_id"]
-    started_ms = client.get_run(run_id).info.start_time
-    psnr_times = {m.step: m.timestamp for m in client.get_metric_history(run_id, "val_psnr")}
-    speeds = [m.value for m in sorted(client.get_metric_history(run_id, "images_per_s"), key=lambda m: m.step)]
-    best = summary["best_epoch"]
-    return summary | {
-        "name": name, "overrides": overrides, "wall_s": round(wall, 1),
-        "time_to_best_s": round((psnr_times[best] - started_ms) / 1000, 1) if best in psnr_times else None,
-        "psnr_seconds": [round((psnr_times[epoch] - started_ms) / 1000, 1) for epoch in sorted(psnr_times)],
-        # The first epoch pays for warm-up (allocations, the DDP handshake): the median of the others.
-        "images_per_s": round(statistics.median(speeds[1:] or speeds), 2),
-        "psnr": [float(row["psnr"]) for row in rows],
-        "psnr_smoothed": [float(row["psnr_smoothed"]) if row["psnr_smoothed"] else None for row in rows]}
 
 
 def markdown(header: list[str], rows: list[list]) -> str:
@@ -171,7 +94,7 @@ def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, plt.Fi
         for batch in values:
             for config, changes in SPEED_CONFIGS.items():
                 shape = [f"train.batch_size={batch}", f"train.devices={count}"]
-                child = run(f"speed {config} b{batch} w{count}", [*SPEED_EPOCHS, *PAPER_DEFAULT, *changes, *shape])
+                child = run(f"speed {config} b{batch} w{count}", [*SPEED_EPOCHS, *preset_overrides(PIX2PIX_DEFAULT), *changes, *shape])
                 rate[(count, batch, config)] = child["images_per_s"]
     rows = [{"workers": count, "batch": batch, "config": config, "images_per_s": value,
              "improvement": round(value / rate[(count, batch, "default")], 2)}
@@ -209,7 +132,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", type=Path, default=STUDY_REPORTS)
     args = parser.parse_args()
-    overrides = [*(QUICK if args.quick and args.study != "speed" else ()), *args.overrides]
+    overrides = [*(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()), *args.overrides]
     values = args.values or DEFAULT_VALUES[args.study][args.quick]
     params = load_params(args.params, overrides)  # a bad override fails here, before any child starts
     mlflow.set_tracking_uri(absolute_tracking_uri())

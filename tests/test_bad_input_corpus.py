@@ -12,7 +12,7 @@ import pytest
 import requests
 from corpus import bad_requests, write_bad_files
 from mlflow import MlflowClient
-from servers import mlflow_server, model_server
+from thermal2visible.servers import mlflow_server, model_server
 from tiny_model import export_tiny
 
 from thermal2visible.registry import register

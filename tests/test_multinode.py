@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow import MlflowClient
-from servers import free_port
+from thermal2visible.servers import free_port
 
 from thermal2visible.models.generator import UNetGenerator
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow import MlflowClient
-from servers import mlflow_server
+from thermal2visible.servers import mlflow_server
 from tiny_model import export_tiny
 
 from thermal2visible.registry import CHALLENGER, CHAMPION, gate, register

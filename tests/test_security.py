@@ -17,7 +17,7 @@ import pytest
 import tifffile
 import torch
 from PIL import Image
-from servers import MLFLOW, free_port, quiet_env, running
+from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
 from thermal2visible.errors import ConfigError, PipelineError

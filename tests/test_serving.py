@@ -18,7 +18,7 @@ import requests
 import tifffile
 from mlflow.exceptions import MlflowException
 from PIL import Image
-from servers import mlflow_server, model_server
+from thermal2visible.servers import mlflow_server, model_server
 from tiny_model import export_tiny
 
 from thermal2visible.registry import register

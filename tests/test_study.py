@@ -17,6 +17,8 @@ TINY_STUDY = ("preprocess.image_size=16", "model.ngf=4", "model.ndf=4", "train.m
 def test_quick_batch_study_logs_children_under_one_parent_and_writes_the_table(tmp_path, write_params,
                                                                               run_stage_script):
     write_params(tmp_path)
+    for folder in ("pipelines", "params"):  # the study runs from a project folder
+        (tmp_path / folder).symlink_to(REPO / folder)
     for stage in ("synthesize.py", "ingest.py"):
         assert run_stage_script(stage, tmp_path).returncode == 0
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}

@@ -19,7 +19,7 @@ from pathlib import Path
 import mlflow.artifacts
 import pytest
 from mlflow import MlflowClient
-from servers import MLFLOW, free_port, quiet_env, running
+from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 import requests
 import tifffile
 from PIL import Image
-from servers import model_server
+from thermal2visible.servers import model_server
 from tiny_model import export_tiny
 
 from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64

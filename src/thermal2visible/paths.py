@@ -21,9 +21,14 @@ EVAL_GRID = Path("reports/eval_grid.png")
 EXPORT_METRICS = Path("metrics/export.json")
 REGISTER_METRICS = Path("metrics/register.json")
 
+# Not stage outputs: the project's own folders, and reports that commands outside the pipeline write.
+PIPELINES = Path("pipelines")
+PRESETS = Path("params")
+QUICK_STUDY = PRESETS / "quick_study.yaml"  # the studies shrunk to a few CPU minutes each
+PIX2PIX_DEFAULT = PRESETS / "pix2pix_default.yaml"  # the reference setup speed comparisons start from
+REPORTS = Path("reports")
 STUDY_REPORTS = Path("reports/study")
 UI_SCREENSHOTS = Path("reports/ui")
-REPORTS = Path("reports")
 
 # What a run's code is made of: a change here (not in params.yaml or the pipeline's outputs) makes a run `git_dirty`.
 SOURCES = (Path("src"), Path("pipelines"), Path("dvc.yaml"), Path("pyproject.toml"), Path("MLproject"), Path("params"))

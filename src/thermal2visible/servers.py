@@ -1,4 +1,5 @@
-"""Real MLflow processes for tests: a tracking server and a model server on free 127.0.0.1 ports.
+"""Real MLflow processes for tests, benchmarks and UI screenshots: a tracking server and a model server on free
+127.0.0.1 ports.
 
 Each runs in its own session (process group), so stopping it reaches the workers it forks too
 (`mlflow models serve` runs uvicorn as a child); the group is stopped in a `finally`, whatever the test did.

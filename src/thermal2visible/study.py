@@ -1,0 +1,83 @@
+"""Study machinery shared by pipelines/study.py and benchmarks/time_to_quality.py: each configuration is a real
+`pipelines/train.py` run in its own scratch project, on one cache made by `pipelines/preprocess.py`, logging to the
+project's MLflow store. Run from the project folder."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlflow import MlflowClient
+
+from thermal2visible.errors import PipelineError
+from thermal2visible.paths import CACHE, INDEX, PIPELINES, PSNR_CSV, RECOGNIZER, TRAIN_METRICS
+from thermal2visible.tracking.store import tracking_uri
+
+def absolute_tracking_uri() -> str:
+    """The project's tracking URI, a relative sqlite path made absolute so children in other folders share it."""
+    uri = tracking_uri()
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not Path(uri[len(prefix):]).is_absolute():
+        return prefix + str(Path.cwd() / uri[len(prefix):])
+    return uri
+
+
+def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
+    env = os.environ | {"MLFLOW_TRACKING_URI": absolute_tracking_uri(), "MLFLOW_DISABLE_TELEMETRY": "true",
+                        "DVC_NO_ANALYTICS": "1"}
+    command = [sys.executable, str(PIPELINES.resolve() / script), "--params", str(params.resolve())]
+    command += [arg for override in overrides for arg in ("--set", override)]
+    finished = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if finished.returncode != 0:
+        raise PipelineError(f"{script} {' '.join(overrides)} failed in {cwd}:\n{finished.stderr.strip()[-2000:]}")
+    return finished
+
+
+def prepare_cache(work: Path, params: Path, overrides: list[str]) -> Path:
+    """The study's cache: pipelines/preprocess.py on ./data/ingested with the study's overrides."""
+    ingested = INDEX
+    if not ingested.is_file():
+        raise PipelineError(f"{ingested}: missing; run the ingest stage first (dvc repro ingest)")
+    base = work / "base"
+    (base / "data").mkdir(parents=True)
+    source = Path(json.loads(ingested.read_text())["root"])
+    (base / source).parent.mkdir(parents=True, exist_ok=True)
+    (base / source).symlink_to(source.resolve())
+    (base / "data" / "ingested").symlink_to(ingested.parent.resolve())
+    run_script("preprocess.py", base, params, overrides)
+    return base / CACHE
+
+
+def train_child(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
+    """One real training run in its own scratch project; what it reports (train.json, PSNR per epoch, speed)."""
+    project = work / name.replace(" ", "_").replace("/", "-")
+    (project / CACHE).parent.mkdir(parents=True)
+    (project / CACHE).symlink_to(cache.resolve())
+    if RECOGNIZER.is_file():
+        (project / RECOGNIZER).parent.mkdir()
+        (project / RECOGNIZER).symlink_to(RECOGNIZER.resolve())
+    started = time.perf_counter()
+    run_script("train.py", project, params, overrides)
+    wall = time.perf_counter() - started
+    summary = json.loads((project / TRAIN_METRICS).read_text())
+    with (project / PSNR_CSV).open() as file:
+        rows = list(csv.DictReader(file))
+    client = MlflowClient(absolute_tracking_uri())
+    run_id = summary["mlflow_run_id"]
+    started_ms = client.get_run(run_id).info.start_time
+    psnr_times = {m.step: m.timestamp for m in client.get_metric_history(run_id, "val_psnr")}
+    speeds = [m.value for m in sorted(client.get_metric_history(run_id, "images_per_s"), key=lambda m: m.step)]
+    best = summary["best_epoch"]
+    return summary | {
+        "name": name, "overrides": overrides, "wall_s": round(wall, 1),
+        "time_to_best_s": round((psnr_times[best] - started_ms) / 1000, 1) if best in psnr_times else None,
+        "psnr_seconds": [round((psnr_times[epoch] - started_ms) / 1000, 1) for epoch in sorted(psnr_times)],
+        # The first epoch pays for warm-up (allocations, the DDP handshake): the median of the others.
+        "images_per_s": round(statistics.median(speeds[1:] or speeds), 2),
+        "psnr": [float(row["psnr"]) for row in rows],
+        "psnr_smoothed": [float(row["psnr_smoothed"]) if row["psnr_smoothed"] else None for row in rows]}
