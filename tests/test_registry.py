@@ -50,9 +50,14 @@ def test_gate(psnr, parity, champion, expected):
 
 
 def add(onnx_model: Path, name: str, psnr: float, parity: bool = True):
+    """A new version of `name`, made by a (real, empty) training run of its own."""
+    mlflow.set_experiment("registry-tests")
+    with mlflow.start_run(run_name="train") as training:
+        pass
     return register(onnx_model, name=name, experiment="registry-tests", test_psnr=psnr, parity_passed=parity,
                     metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000,
-                    lineage={"training_run_id": "run-0", "data_hash": "md5-of-tiny-cache", "git_commit": None})
+                    lineage={"training_run_id": training.info.run_id, "data_hash": "md5-of-tiny-cache",
+                             "git_commit": None})
 
 
 def aliases(client: MlflowClient, name: str) -> dict[str, int]:
@@ -82,12 +87,15 @@ def test_champion_moves_only_for_a_better_model(client, onnx_model):
 def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
     added = add(onnx_model, "lineage", 21.5)
     version = client.get_model_version("lineage", str(added.version))
-    assert version.tags["training_run_id"] == "run-0"
+    assert version.run_id == version.tags["training_run_id"]  # the version links to the run that trained it
+    assert client.get_run(version.run_id).info.run_name == "train"
     assert version.tags["data_hash"] == "md5-of-tiny-cache"
     assert version.tags["parity_passed"] == "true"
     assert "git_commit" not in version.tags  # None values are skipped, not written as "None"
-    run = client.get_run(version.run_id)
-    assert run.data.metrics == {"test_psnr": 21.5, "parity_max_abs_error": 1e-7}
+    experiment = client.get_experiment_by_name("registry-tests").experiment_id
+    [packed_by] = client.search_runs([experiment], "attributes.run_name = 'register'",
+                                     order_by=["attributes.start_time DESC"], max_results=1)
+    assert packed_by.data.metrics == {"test_psnr": 21.5, "parity_max_abs_error": 1e-7}
     info = mlflow.models.get_model_info(f"models:/lineage/{added.version}")
     assert info.signature.inputs.input_names() == [IMAGE]
     assert info.saved_input_example_info is not None

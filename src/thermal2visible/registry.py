@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mlflow
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from thermal2visible.serving import pyfunc_arguments
 
@@ -25,6 +26,15 @@ class Registered:
     version: int
     alias: str
     champion_psnr_before: float | None
+
+
+def ensure_registered_model(client: MlflowClient, name: str) -> None:
+    """Create registered model `name` unless it exists; another run creating it at the same moment is no error."""
+    try:
+        client.create_registered_model(name)
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
 
 
 def champion_psnr(client: MlflowClient, name: str) -> float | None:
@@ -52,11 +62,15 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     tags = {key: str(value) for key, value in lineage.items() if value is not None}
     tags |= {PSNR_TAG: repr(float(test_psnr)), "parity_passed": str(parity_passed).lower()}
     mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name="register"):
+    with mlflow.start_run(run_name="register") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
         logged = mlflow.pyfunc.log_model(name="model", **pyfunc_arguments(onnx_path, max_pixels))
-    version = mlflow.register_model(logged.model_uri, name, tags=tags)
+    ensure_registered_model(client, name)
+    # The version's run is the training run that made the weights: the run page lists the version, and the
+    # version page links back to that run (the register run only packed them).
+    version = client.create_model_version(name, logged.model_uri, run_id=lineage.get("training_run_id") or
+                                          run.info.run_id, tags=tags, model_id=logged.model_id)
     before = champion_psnr(client, name)
     alias = gate(test_psnr, parity_passed, before)
     client.set_registered_model_alias(name, alias, version.version)

@@ -16,16 +16,7 @@ from mlflow import MlflowClient
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import CACHE, INDEX, PIPELINES, PSNR_CSV, RECOGNIZER, TRAIN_METRICS
-from thermal2visible.tracking.store import tracking_uri
-
-def absolute_tracking_uri() -> str:
-    """The project's tracking URI, a relative sqlite path made absolute so children in other folders share it."""
-    uri = tracking_uri()
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not Path(uri[len(prefix):]).is_absolute():
-        return prefix + str(Path.cwd() / uri[len(prefix):])
-    return uri
-
+from thermal2visible.tracking.store import absolute_tracking_uri
 
 def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
     env = os.environ | {"MLFLOW_TRACKING_URI": absolute_tracking_uri(), "MLFLOW_DISABLE_TELEMETRY": "true",

@@ -47,6 +47,15 @@ def tracking_uri() -> str:
     return uri
 
 
+def absolute_tracking_uri() -> str:
+    """The project's tracking URI, a relative sqlite path made absolute so processes in other folders share it."""
+    uri = tracking_uri()
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not Path(uri[len(prefix):]).is_absolute():
+        return prefix + str(Path.cwd() / uri[len(prefix):])
+    return uri
+
+
 @contextmanager
 def first_use_lock(uri: str) -> Iterator[None]:
     """Held while a process opens a local SQLite store, so only one at a time can be creating it.

@@ -98,6 +98,10 @@ class PsnrEarlyStopping(Callback):
         if trainer.sanity_checking:
             return
         self.observe(float(trainer.callback_metrics[self.monitor]))
+        smoothed = self.smoothed()[-1]
+        if smoothed is not None:  # the quantity that stops training and picks the model, as a curve beside val_psnr
+            for logger in trainer.loggers:
+                logger.log_metrics({f"{self.monitor}_smoothed": smoothed}, step=len(self.history))
         # Lightning keeps training anyway until train.min_epochs; the decision is the same on every process
         # because the PSNR is averaged over all of them.
         trainer.should_stop = trainer.should_stop or self.should_stop
