@@ -13,7 +13,7 @@ export DO_NOT_TRACK := 1
 MODEL ?= models:/thermal2visible@champion
 PORT ?= 5001
 
-.PHONY: setup demo test serve ui clean
+.PHONY: setup demo test serve ui screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,13 +29,17 @@ demo: setup
 	$(VENV)/bin/dvc repro
 	@echo
 	@echo "Serve the champion:  make serve        (REST on http://127.0.0.1:$(PORT), see README: Serving)"
-	@echo "Browse the runs:     make ui           (MLflow UI on http://127.0.0.1:5000)"
+	@echo "Browse the runs:     make ui           (MLflow UI on http://127.0.0.1:5000, see README: Tracking)"
 
 serve: setup
 	$(VENV)/bin/mlflow models serve -m $(MODEL) --env-manager local -h 127.0.0.1 -p $(PORT)
 
 ui: setup
+	@echo "MLflow UI, model-training view: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db -h 127.0.0.1 -p 5000
+
+screenshots: setup
+	$(PY) -m thermal2visible.ui
 
 test: setup
 	$(PY) -m pytest

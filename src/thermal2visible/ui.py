@@ -49,10 +49,10 @@ def chromium() -> str:
     return found
 
 
-def render(url: str, screenshot: Path | None = None, wait_ms: int = 15000) -> str:
+def render(url: str, screenshot: Path | None = None, wait_ms: int = 15000, height: int = 1000) -> str:
     """The page's visible text once its scripts have run `wait_ms` (virtual time); a PNG of it to `screenshot`."""
     options = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--virtual-time-budget={wait_ms}",
-               "--window-size=1440,1000"]
+               f"--window-size=1440,{height}"]
     with tempfile.TemporaryDirectory() as profile:  # a fresh profile: nothing remembered from an earlier visit
         options.append(f"--user-data-dir={profile}")
         if screenshot:
@@ -93,7 +93,8 @@ def screenshot_latest_training(store_uri: str, out_dir: Path, model_name: str, b
     if versions:
         pages["registered_version.png"] = version_page(base, model_name, versions[0].version)
     for name, url in pages.items():
-        render(url, out_dir / name)
+        # the metric charts draw last, after their library loads; val_* come last, further down the page
+        render(url, out_dir / name, *((40000, 2600) if name == "train_run_metrics.png" else ()))
     return [out_dir / name for name in pages]
 
 
