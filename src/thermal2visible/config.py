@@ -241,35 +241,34 @@ def apply_override(raw: dict, override: str) -> None:
     raw[section][key] = yaml.safe_load(value)
 
 
-def preset_overrides(path: str | Path) -> list[str]:
-    """A preset (a YAML file under params/ holding some sections and keys of params.yaml) as `section.key=value`
-    overrides, values in compact JSON (which YAML reads back) so a shell splits the list at spaces only."""
-    path = Path(path)
+def _read_sections(path: Path, kind: str) -> dict:
+    """A YAML file of `section: {key: value}` (params.yaml or a preset), or a ConfigError naming the file."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such preset file") from None
+        raise ConfigError(f"{path}: no such {kind} file") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if not isinstance(raw, dict) or not all(isinstance(keys, dict) for keys in raw.values()):
+    if not isinstance(raw, dict) or not all(isinstance(keys, dict) or keys is None for keys in raw.values()):
         raise ConfigError(f"{path}: expected sections of `key: value`, as in params.yaml")
+    return raw
+
+
+def preset_overrides(path: str | Path) -> list[str]:
+    """A preset (a YAML file under params/ holding some sections and keys of params.yaml) as `section.key=value`
+    overrides, values in compact JSON (which YAML reads back) so a shell splits the list at spaces only."""
+    raw = _read_sections(Path(path), "preset")
+
     def text(value: object) -> str:
         if isinstance(value, str) and " " not in value and yaml.safe_load(value) == value:
             return value
         return json.dumps(value, separators=(",", ":"))
-    return [f"{section}.{key}={text(value)}" for section, keys in raw.items() for key, value in keys.items()]
+    return [f"{section}.{key}={text(value)}" for section, keys in raw.items() for key, value in (keys or {}).items()]
 
 
 def load_params(path: str | Path = "params.yaml", overrides: typing.Sequence[str] = ()) -> Params:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such params file") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections")
+    raw = _read_sections(path, "params")
     for override in overrides:
         apply_override(raw, override)
     hints = typing.get_type_hints(Params)
