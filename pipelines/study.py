@@ -12,10 +12,9 @@ Each child runs in its own scratch project (its own checkpoints/, models/, metri
 subprocesses rather than `dvc exp run --queue`: each child is an independent training run that needs no git
 commit and never rewrites params.yaml, so a study runs in a working tree that others are editing.
 
-`--set` overrides apply to every child, e.g. the paper's GPU setup: --set preprocess.image_size=256
---set model.ngf=64 --set model.ndf=64 --set early_stop.window=50 --set early_stop.patience=50
---set train.max_epochs=2000 --values 1 2 4 8 16 32 64 128 256. `--quick` shrinks everything to a few CPU minutes.
-Usage: python pipelines/study.py --study {batch,lr,speed} [--quick] [--values ...] [--set section.key=value ...]
+`--preset` and `--set` overrides apply to every child, e.g. the paper's GPU setup: --preset params/paper_gpu.yaml
+--values 1 2 4 8 16 32 64 128 256. `--quick` (params/quick_study.yaml) shrinks everything to a few CPU minutes.
+Usage: python pipelines/study.py --study {batch,lr,speed} [--quick] [--values ...] [--preset FILE] [--set k=v ...]
 """
 from __future__ import annotations
 
@@ -95,7 +94,8 @@ def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, plt.Fi
         for batch in values:
             for config, changes in SPEED_CONFIGS.items():
                 shape = [f"train.batch_size={batch}", f"train.devices={count}"]
-                child = run(f"speed {config} b{batch} w{count}", [*SPEED_EPOCHS, *preset_overrides(PIX2PIX_DEFAULT), *changes, *shape])
+                child = run(f"speed {config} b{batch} w{count}",
+                            [*SPEED_EPOCHS, *preset_overrides(PIX2PIX_DEFAULT), *changes, *shape])
                 rate[(count, batch, config)] = child["images_per_s"]
     rows = [{"workers": count, "batch": batch, "config": config, "images_per_s": value,
              "improvement": round(value / rate[(count, batch, "default")], 2)}
@@ -130,10 +130,12 @@ def main() -> None:
     parser.add_argument("--values", type=int, nargs="+", help="batch sizes (lr: the one batch size)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="speed study: train.devices values")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="FILE")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", type=Path, default=STUDY_REPORTS)
     args = parser.parse_args()
-    overrides = [*(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()), *args.overrides]
+    overrides = [*(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()),
+                 *(override for preset in args.presets for override in preset_overrides(preset)), *args.overrides]
     values = args.values or DEFAULT_VALUES[args.study][args.quick]
     params = load_params(args.params, overrides)  # a bad override fails here, before any child starts
     mlflow.set_tracking_uri(absolute_tracking_uri())
