@@ -53,7 +53,8 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             del thermal, visible  # close the memory maps before the next split opens its own
             np.save(out_dir / f"{split}_identity.npy",
                     np.array([label.get(p["identity"], -1) for p in members], dtype=np.int64))
-    manifest = {"image_size": size, "thermal_channels": channels[0], "visible_channels": channels[1],
+    manifest = {"root": index["root"], "layout": layout, "max_pixels": max_pixels,
+                "image_size": size, "thermal_channels": channels[0], "visible_channels": channels[1],
                 "identities": identities, "counts": counts, "preprocess": dataclasses.asdict(cfg),
                 "sources": sources}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -72,3 +73,12 @@ def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarra
     """(thermal, visible, identity) arrays of one split, memory-mapped read-only."""
     return tuple(np.load(Path(cache_dir) / f"{split}_{kind}.npy", mmap_mode="r")
                  for kind in ("thermal", "visible", "identity"))
+
+
+def raw_pairs(cache_dir: str | Path, split: str):
+    """The (thermal, visible) frames of one split as the camera gave them (full size, before crop and resize),
+    for full-frame evaluation; fails naming the file if one changed since the cache was built."""
+    manifest = load_manifest(cache_dir)
+    for source in manifest["sources"]:
+        if source["split"] == split:
+            yield read_pair(Path(manifest["root"]), source, manifest["layout"], manifest["max_pixels"])
