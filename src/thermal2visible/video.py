@@ -34,7 +34,7 @@ def _open(source: Path) -> av.container.InputContainer:
     try:
         container = av.open(str(source))
     except av.FFmpegError as error:
-        raise PipelineError(f"{source}: not a readable video ({error})") from None
+        raise PipelineError(f"{source}: not a readable video ({error.strerror or error})") from None
     if not container.streams.video:
         container.close()
         raise PipelineError(f"{source}: holds no video stream")
@@ -50,6 +50,8 @@ def translate_video(model: FrameTranslator, source: Path, target: Path) -> int:
         # Decoders conceal damaged frames by default (grey blocks, repeated macroblocks): a translation of a
         # concealed frame would be silently wrong, so any decoding error stops the run instead.
         stream.codec_context.options = {"err_detect": "explode"}
+        # One decoding thread: frames come out as their packets go in, so an error names the frame it is in.
+        stream.codec_context.thread_count = 1
         width, height = stream.codec_context.width, stream.codec_context.height
         if width * height > model.max_pixels:
             raise PipelineError(f"{source}: {width}x{height} frames exceed max_pixels {model.max_pixels}")
@@ -81,7 +83,8 @@ def _transcode(model: FrameTranslator, reader, stream, source: Path, partial: Pa
                 try:
                     frame = next(frames, None)
                 except av.FFmpegError as error:
-                    raise PipelineError(f"{source}: frame {index}: cannot be decoded ({error})") from None
+                    raise PipelineError(f"{source}: frame {index}: cannot be decoded "
+                                        f"({error.strerror or error})") from None
                 if frame is None:
                     break
                 visible = model.translate(frame.to_ndarray(format=decoded_as), f"{source}: frame {index}")
