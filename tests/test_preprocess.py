@@ -11,8 +11,8 @@ from thermal2visible.config import IngestConfig, PreprocessConfig
 from thermal2visible.data.cache import build_cache, load_manifest, load_split
 from thermal2visible.data.images import read_image
 from thermal2visible.data.ingest import ingest
-from thermal2visible.data.preprocess import (assign_splits, face_box, prepare_thermal, prepare_visible, sequence_of,
-                                             thermal_counts)
+from thermal2visible.data.preprocess import (assign_splits, face_box, prepare_thermal, prepare_visible,
+                                             preprocess_config, sequence_of, thermal_counts)
 
 CFG = PreprocessConfig(image_size=16, face_crop=False)
 
@@ -91,7 +91,7 @@ def test_cache_round_trip(tiny_cache):
     assert manifest["identities"] == [f"person_{k:02d}" for k in range(4)]
     assert (manifest["image_size"], manifest["thermal_channels"], manifest["visible_channels"]) == (32, 1, 3)
     assert len(manifest["sources"]) == 24
-    cfg = PreprocessConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest["preprocess"].items()})
+    cfg = preprocess_config(manifest["preprocess"])
     for split in ("train", "val", "test"):
         thermal, visible, identity = load_split(tiny_cache, split)
         assert isinstance(thermal, np.memmap) and isinstance(visible, np.memmap)

@@ -1,9 +1,9 @@
 """The one conversion between image pixels and the generator's space.
 
 Images are HxW, HxWxC or NxHxWxC arrays: uint8 (0..255), uint16 (0..65535) or float already in [0, 1].
-The generator reads and writes float32 NCHW in [-1, 1]. Every stage (cache writer, datamodule, export,
-serving, evaluation, figures) converts through here, so an 8-bit and a 16-bit image of the same scene reach the
-model as the same numbers, and a 16-bit visible image can never be read as 255x too bright.
+The generator reads and writes float32 NCHW in [-1, 1]. The cache writer, preprocessing, export, serving, metrics
+and figures convert through here, so an 8-bit and a 16-bit image of the same scene reach the model as the same
+numbers, and a 16-bit visible image can never be read as 255x too bright.
 """
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, Schema
 from PIL import Image
 
-from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.images import BadImage, decode_image
+from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.errors import PipelineError
 from thermal2visible.export import run_onnx
 from thermal2visible.frames import translate_frame
@@ -123,9 +123,7 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
         metadata = onnx_metadata(self.session)
-        settings = {key: tuple(value) if isinstance(value, list) else value
-                    for key, value in metadata["preprocess"].items()}
-        self.preprocess = PreprocessConfig(**settings)
+        self.preprocess = preprocess_config(metadata["preprocess"])
         self.in_channels = metadata["in_channels"]
         self.max_pixels = int(context.model_config["max_pixels"])
 

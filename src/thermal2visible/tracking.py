@@ -31,6 +31,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from thermal2visible.errors import ConfigError
 from thermal2visible.config import Params
+from thermal2visible.pixels import from_model, quantise
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
@@ -192,10 +193,10 @@ def log_artifact(logger: MLFlowLogger, path: str | Path) -> None:
 
 def _as_rgb(images: torch.Tensor) -> np.ndarray:
     """(B,C,S,S) in [-1,1], C 1 or 3 -> (B,S,S,3) uint8."""
-    unit = ((images.detach().float().cpu() + 1) / 2).clamp(0, 1)
+    unit = from_model(images.detach().float().cpu())
     if unit.shape[1] == 1:
         unit = unit.expand(-1, 3, -1, -1)
-    return (unit.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    return quantise(unit.permute(0, 2, 3, 1).numpy(), np.uint8)
 
 
 def comparison_grid(thermal: torch.Tensor, generated: torch.Tensor, real: torch.Tensor, gap: int = 2) -> np.ndarray:
