@@ -73,7 +73,8 @@ def test_jpeg_and_palette_decode_to_rgb():
     (pillow_bytes(Image.fromarray(np.dstack([RGB8, RGB8[:, :, :1]])), "PNG"),
      "RGBA (4 channels) with 120 transparent pixel(s), first at row 0, column 0"),
     (pillow_bytes(Image.fromarray(RGB8[:, :, :2]), "PNG"), "grey+alpha (2 channels) with"),
-    (tiff_bytes(np.dstack([RGB8, RGB8]), photometric="rgb", planarconfig="contig"), "6 channels; expected 1 (grey), 3 (RGB)"),
+    (tiff_bytes(np.dstack([RGB8, RGB8]), photometric="rgb", planarconfig="contig"),
+     "6 channels; expected 1 (grey), 3 (RGB)"),
     (tiff_bytes(GREY16.astype(np.int32)), "int32 samples"),
     (tiff_bytes(np.where(GREY16 > 60_000, np.nan, GREY16 / 1000.0).astype(np.float32)), "NaN/inf value(s), first"),
     (tiff_bytes(np.full((4, 4), np.inf)), "16 NaN/inf value(s), first at row 0, column 0"),
@@ -82,7 +83,8 @@ def test_jpeg_and_palette_decode_to_rgb():
     (png_header_only(60_000, 60_000), "decompression bomb"),
     (png_header_only(3_000, 2_000), "3000x2000 = 6000000 pixels exceeds max_pixels"),
 ], ids=["empty", "text", "truncated-png", "truncated-jpeg", "truncated-tiff", "rgba-transparent",
-        "grey-alpha-transparent", "six-channels", "int32", "float-nan", "float-inf", "multipage", "too-many-pixels", "bomb-header", "huge-header"])
+        "grey-alpha-transparent", "six-channels", "int32", "float-nan", "float-inf", "multipage", "too-many-pixels",
+        "bomb-header", "huge-header"])
 def test_bad_images_name_the_source_and_reason(data, reason):
     max_pixels = 100 if reason.startswith("pixels exceeds") else 1_000_000
     with pytest.raises(BadImage) as caught:
