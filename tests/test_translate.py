@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import av
@@ -20,6 +21,7 @@ from servers import model_server
 from tiny_model import export_tiny
 
 from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
+from thermal2visible.video import translate_video
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATE = ROOT / "pipelines" / "translate.py"
@@ -145,3 +147,16 @@ def test_video_round_trips_frame_count_size_and_rate(onnx_model, pyfunc_dir, tmp
     decoded = video_facts(source)[4][:, :, 0]
     model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()
     assert np.abs(first.astype(int) - model.translate(decoded, "frame 0")).mean() < 8
+
+
+def test_video_streams_memory_does_not_grow_with_length(pyfunc_dir, tmp_path):
+    """Ten times the frames, the same peak: no frame is kept (a kept 320x256 RGB frame is 240 kB: 100 are 24 MB)."""
+    model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()
+    peaks = []
+    for frames in (10, 100):
+        source = write_video(tmp_path / f"{frames}.mp4", frames=frames, width=320, height=256)
+        tracemalloc.start()
+        assert translate_video(model, source, tmp_path / f"visible{frames}.mp4") == frames
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < 1.2 * peaks[0] + 2**20, peaks
