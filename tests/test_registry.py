@@ -114,6 +114,7 @@ def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
     info = mlflow.models.get_model_info(f"models:/lineage/{added.version}")
     assert info.signature.inputs.input_names() == [IMAGE]
     assert info.saved_input_example_info is not None
+    assert "the input's width x height, in register" in info.metadata["output"]  # what the strings hold, for a reader
 
 
 def run_register_stage(project: Path, tracking_uri: str, psnr: float) -> subprocess.CompletedProcess:
