@@ -149,6 +149,33 @@ def test_video_round_trips_frame_count_size_and_rate(onnx_model, pyfunc_dir, tmp
     assert np.abs(first.astype(int) - model.translate(decoded, "frame 0")).mean() < 8
 
 
+class Stretch:
+    """A known-answer frame translator: the frame stretched from its own min..max to 0..255 (grey)."""
+    in_channels, max_pixels = 1, 10**6
+
+    def translate(self, frame: np.ndarray, where: str) -> np.ndarray:
+        spread = np.ptp(frame.astype(float))
+        return np.round((frame - frame.min()) / max(spread, 1) * 255).astype(np.uint8)
+
+
+def test_sixteen_bit_video_keeps_its_sixteen_bits(pyfunc_dir, tmp_path):
+    """A lossless 16-bit grey recording (FFV1 gray16le in .mkv) whose picture lives in the low byte: read as
+    8 bits it would be one flat grey; read as 16 bits it is a ramp. The real model keeps count, size and rate."""
+    ramp = (29_000 + np.add.outer(np.arange(30), np.arange(40)) * 255 // 68).astype(np.uint16)
+    with av.open(str(tmp_path / "thermal.mkv"), "w") as container:
+        stream = container.add_stream("ffv1", rate=9)
+        stream.width, stream.height, stream.pix_fmt = 40, 30, "gray16le"
+        for _ in range(4):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(ramp, format="gray16le")))
+        container.mux(stream.encode(None))
+    assert translate_video(Stretch(), tmp_path / "thermal.mkv", tmp_path / "stretched.mkv") == 4
+    first = video_facts(tmp_path / "stretched.mkv")[4][:, :, 0].astype(int)
+    assert np.abs(first - Stretch().translate(ramp, "ramp")).mean() < 3 and np.ptp(first) > 200
+    model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()
+    assert translate_video(model, tmp_path / "thermal.mkv", tmp_path / "visible.mkv") == 4
+    assert video_facts(tmp_path / "visible.mkv")[:4] == (4, 40, 30, 9)
+
+
 def test_video_streams_memory_does_not_grow_with_length(pyfunc_dir, tmp_path):
     """Ten times the frames, the same peak: no frame is kept (a kept 320x256 RGB frame is 240 kB: 100 are 24 MB)."""
     model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()

@@ -1,5 +1,6 @@
 """A thermal video in, a visible video out: decoded, translated and encoded one frame at a time (PyAV, whose wheel
 bundles FFmpeg), so memory stays flat however long the video. Same frame count, size and frame rate; H.264.
+Frames reach the model as 8-bit grey or RGB, or as 16-bit grey when the stream is (gray16: a radiometric recording).
 
 The output is written to a hidden file beside the target and renamed when the last frame is in: a video that
 fails half-way (a corrupt frame, a frame the model refuses) leaves nothing behind.
@@ -69,7 +70,9 @@ def translate_video(model: FrameTranslator, source: Path, target: Path) -> int:
 
 def _transcode(model: FrameTranslator, reader, stream, source: Path, partial: Path, container: str,
                rate: Fraction) -> int:
-    decoded_as = "gray" if model.in_channels == 1 else "rgb24"
+    # A 16-bit grey stream (a radiometric recording, e.g. FFV1 gray16le) keeps its 16 bits, as 16-bit images do.
+    deep = (stream.codec_context.pix_fmt or "").startswith("gray16")
+    decoded_as = ("gray16le" if deep else "gray") if model.in_channels == 1 else "rgb24"
     width, height = stream.codec_context.width, stream.codec_context.height
     frames = reader.decode(stream)
     index = 0
