@@ -183,7 +183,7 @@ def test_preprocess_stage_names_a_frame_that_does_not_fit_the_norm_and_leaves_no
     assert not (tmp_path / "data" / "cache").exists()
 
 
-def test_sequence_split_keeps_the_frames_of_a_video_together():
+def test_sequence_split_keeps_the_frames_of_a_video_together(tmp_path):
     paths = [f"thermal/anna/walk_{k:04d}.png" for k in range(8)] + [f"thermal/clip{c}/{k:03d}.png"
                                                                    for c in range(6) for k in range(4)]
     assert sequence_of(paths[0]) == "thermal/anna/walk" and sequence_of(paths[-1]) == "thermal/clip5"
@@ -194,3 +194,13 @@ def test_sequence_split_keeps_the_frames_of_a_video_together():
     for sequence, split in zip(sequences, splits):
         assert split_of.setdefault(sequence, split) == split
     assert set(splits) == {"train", "val", "test"}
+    rng = np.random.default_rng(2)
+    names = [f"clip{c}/{k:03d}" for c in range(6) for k in range(3)]
+    write_pairs(tmp_path / "clips", [rng.integers(0, 65535, (8, 8), dtype=np.uint16) for _ in names],
+                [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in names], names)
+    cached(tmp_path / "clips", dataclasses.replace(CFG, split_by="sequence"), tmp_path)
+    sources = load_manifest(tmp_path / "cache-clips")["sources"]
+    split_of_clip = {}
+    for source in sources:
+        assert split_of_clip.setdefault(source["thermal"].split("/")[1], source["split"]) == source["split"]
+    assert len(split_of_clip) == 6 and set(split_of_clip.values()) == {"train", "val", "test"}
