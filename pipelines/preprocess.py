@@ -14,7 +14,11 @@ def main(params: Params) -> None:
     if not INDEX.is_file():
         raise PipelineError(f"{INDEX}: missing; run the ingest stage first (dvc repro ingest)")
     shutil.rmtree(CACHE, ignore_errors=True)  # this stage's output: no array of an old setting may survive
-    manifest = build_cache(json.loads(INDEX.read_text()), params.preprocess, params.ingest.max_pixels, CACHE)
+    try:
+        manifest = build_cache(json.loads(INDEX.read_text()), params.preprocess, params.ingest.max_pixels, CACHE)
+    except PipelineError:
+        shutil.rmtree(CACHE, ignore_errors=True)  # a half-written cache must not pass for a result
+        raise
     counts = ", ".join(f"{split} {n}" for split, n in manifest["counts"].items())
     print(f"preprocess: {counts} pairs of {manifest['image_size']}px in {CACHE}")
 

@@ -1,11 +1,15 @@
-"""Translate every thermal image in a folder into a visible PNG, through the same pyfunc REST serving uses.
+"""Translate thermal images or a thermal video into visible ones, through the same pyfunc REST serving uses.
 
     python pipelines/translate.py --model models:/thermal2visible@champion --input DIR --output DIR
+    python pipelines/translate.py --model models:/thermal2visible@champion --input thermal.mp4 --output visible.mp4
 
 --model takes any MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, runs:/...) or a .onnx file
-from `export`, which is wrapped into the same pyfunc first. Images (PNG/JPEG/TIFF, 8/16-bit, any size)
-are found recursively; each OUTPUT/<relative path>.png has the size of its input. A bad image is reported
-by name and skipped; the command then exits 1.
+from `export`, which is wrapped into the same pyfunc first. Folder: images (PNG/JPEG/TIFF, 8/16-bit or float
+TIFF, any size) are found recursively; each OUTPUT/<relative path>.png has the size of its input, in register
+with it. A bad image is reported by name and skipped; the command then exits 1. Video (.mp4, .mov, .avi,
+.mkv): every frame is translated by the same model code, one at a time (memory does not grow with the video's
+length), into a video of the same frame count, size and frame rate (H.264); a frame that cannot be decoded
+stops the run naming the frame, and no output file is left behind.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config import ServeConfig
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
 from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
+from thermal2visible.video import VIDEO_SUFFIXES, translate_video
 
 
 def load_model(model: str, max_pixels: int, scratch: Path) -> mlflow.pyfunc.PyFuncModel:
@@ -71,19 +76,24 @@ def translate(model: mlflow.pyfunc.PyFuncModel, images: list[Path], source: Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="MLflow model URI or a .onnx file")
-    parser.add_argument("--input", required=True, type=Path, help="folder of thermal images")
-    parser.add_argument("--output", required=True, type=Path, help="folder for the visible PNGs")
+    parser.add_argument("--input", required=True, type=Path, help="folder of thermal images, or a thermal video")
+    parser.add_argument("--output", required=True, type=Path, help="folder for the visible PNGs, or a video file")
     parser.add_argument("--max-pixels", type=int, default=ServeConfig.max_pixels,
                         help=f"largest image accepted, width x height (default {ServeConfig.max_pixels})")
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    video = args.input.suffix.lower() in VIDEO_SUFFIXES
     try:
-        images = find_images(args.input)
+        images = [] if video else find_images(args.input)
         with tempfile.TemporaryDirectory() as scratch:
             model = load_model(args.model, args.max_pixels, Path(scratch))
+            if video:
+                frames = translate_video(model.unwrap_python_model(), args.input, args.output)
+                print(f"translated {frames} frames of {args.input} into {args.output}")
+                return
             errors = translate(model, images, args.input, args.output)
-    except PipelineError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (PipelineError, MlflowException) as error:
+        print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         sys.exit(1)
     for error in errors:
         print(f"error: {error}", file=sys.stderr)

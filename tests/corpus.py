@@ -2,7 +2,8 @@
 
 Everything is generated at test time (no binary blobs in the repository). `write_bad_files` adds broken files
 to a folder-pairs dataset and says what ingest must report for each; `bad_requests` lists request bodies for
-`mlflow models serve` with the status and message each must get.
+`mlflow models serve` with the status and message each must get; `write_bad_videos` writes videos that
+`pipelines/translate.py` must refuse, naming the file (and frame) and why, writing nothing.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import av
 import numpy as np
 import tifffile
 from PIL import Image
@@ -45,6 +47,11 @@ def tiff(pixels: np.ndarray, pages: int = 1) -> bytes:
     buffer = io.BytesIO()
     tifffile.imwrite(buffer, np.stack([pixels] * pages) if pages > 1 else pixels)
     return buffer.getvalue()
+
+
+def temperatures(height: int = 24, width: int = 24, seed: int = 0) -> np.ndarray:
+    """A float32 temperature map in °C, as a radiometric tool exports it."""
+    return (30 + 5 * np.random.default_rng(seed).random((height, width))).astype(np.float32)
 
 
 def thermal16(height: int = 24, width: int = 24, seed: int = 0) -> np.ndarray:
@@ -86,6 +93,8 @@ def write_bad_files(root: Path, outside: Path, max_pixels: int) -> list[BadFile]
         (root / link).symlink_to(target)
     write("thermal/odd/odd.png", png(thermal16(23, 37)))
     write("visible/odd/odd.png", png(rgb(23, 37)))
+    write("thermal/bad/see_through.png", whole)
+    write("thermal/bad/float.png", whole)
     return [
         BadFile("unpaired thermal", write("thermal/bad/lonely.png", whole), "no visible image visible/bad/lonely"),
         BadFile("unpaired visible", write("visible/bad/alone.png", good_visible), "no thermal image"),
@@ -104,6 +113,13 @@ def write_bad_files(root: Path, outside: Path, max_pixels: int) -> list[BadFile]
                 "thermal is 24x24 but its visible partner"),
         BadFile("RGBA thermal", pair("rgba", png(rgb(channels=4)), good_visible), "4 channels"),
         BadFile("grey+alpha thermal", pair("grey_alpha", png(rgb(channels=2)), good_visible), "2 channels"),
+        BadFile("float thermal with NaN", pair("nan", tiff(np.where(thermal16() > 30_900, np.nan, temperatures())),
+                                               good_visible, ".tiff"), "NaN/inf value(s), first at row"),
+        BadFile("visible with transparent pixels",
+                write("visible/bad/see_through.png", png(np.dstack([rgb(), np.full((24, 24), 128, np.uint8)]))),
+                "RGBA (4 channels) with 576 transparent pixel(s)"),
+        BadFile("float visible", write("visible/bad/float.tiff", tiff(temperatures(24, 24)[:, :, None].repeat(3, 2))),
+                "visible image has float32 samples"),
         BadFile("RGB among grey thermal", pair("rgb", png(rgb()), good_visible),
                 "thermal has 3 channel(s) but most thermal images have 1"),
         BadFile("decompression bomb", pair("bomb", bomb_png(4 * side, 4 * side), good_visible),
@@ -154,7 +170,12 @@ def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> 
         BadRequest("wrong channels for the model", {"inputs": {IMAGE: [_b64(png(wrong))]}}, 400,
                    f"row 0: thermal image has {wrong_channels} channel(s); this model"),
         BadRequest("rgba", {"instances": [{IMAGE: _b64(png(rgb(8, 8, 4)))}]}, 400,
-                   "row 0: 4 channels; expected 1 (grey) or 3 (RGB)"),
+                   "row 0: RGBA (4 channels) with"),
+        BadRequest("float TIFF with NaN", {"inputs": {IMAGE: [_b64(tiff(np.full((8, 8), np.nan, np.float32)))]}},
+                   400, "row 0: 64 NaN/inf value(s), first at row 0, column 0"),
+        BadRequest("grey+alpha, half transparent", {"inputs": {IMAGE: [_b64(png(np.dstack(
+            [thermal16(8, 8).astype(np.uint8), np.tile([0, 255], (8, 4)).astype(np.uint8)])))]}}, 400,
+                   "row 0: grey+alpha (2 channels) with 32 transparent pixel(s), first at row 0, column 0"),
         BadRequest("too many pixels", {"dataframe_records": [{IMAGE: _b64(png(np.zeros((side, side), np.uint8)))}]},
                    400, f"pixels exceeds max_pixels {max_pixels} (refused before decoding)"),
         BadRequest("zero rows", {"dataframe_split": {"columns": [IMAGE], "data": []}}, 400,
@@ -196,4 +217,47 @@ def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> 
                    "only supports UTF-8", content_type="application/json; charset=latin-1"),
         BadRequest("CSV with a bad row", b"image\n%%%\n", 400, "row 0: not valid base64", content_type="text/csv"),
         BadRequest("16-bit PNG of odd size (valid)", {"inputs": {IMAGE: [_b64(png(thermal16(23, 37)))]}}, 200, ""),
+    ]
+
+
+def write_video(path: Path, frames: int = 12, width: int = 48, height: int = 40, fps: int = 15) -> Path:
+    """An H.264 mp4 of a warm block moving over a cool noisy room (keyframe every 4 frames)."""
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.options = width, height, {"g": "4"}
+        stream.pix_fmt = "yuv420p" if width % 2 == 0 and height % 2 == 0 else "yuv444p"
+        for k in range(frames):
+            grey = rng.integers(30, 60, (height, width)).astype(np.uint8)
+            grey[height // 4:3 * height // 4, 2 * k:2 * k + width // 3] = 220
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.dstack([grey] * 3), format="rgb24")))
+        container.mux(stream.encode(None))
+    return path
+
+
+@dataclass(frozen=True)
+class BadVideo:
+    case: str
+    path: str  # the input video, in the folder `write_bad_videos` wrote to
+    output: str  # what translate is asked to write
+    phrase: str  # in its error
+
+
+def write_bad_videos(folder: Path) -> list[BadVideo]:
+    """Videos `pipelines/translate.py --input VIDEO --output OUT` must refuse without writing OUT."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = bytearray(write_video(folder / "good.mp4").read_bytes())
+    middle = data.find(b"mdat") + (len(data) - data.find(b"mdat")) // 2
+    data[middle:middle + 200] = bytes((7 * b + 13) % 256 for b in data[middle:middle + 200])
+    (folder / "corrupt.mp4").write_bytes(bytes(data))
+    (folder / "empty.mp4").write_bytes(b"")
+    (folder / "notes.mp4").write_text("not a video")
+    write_video(folder / "huge.mp4", frames=2, width=640, height=512)
+    return [
+        BadVideo("corrupt frame", "corrupt.mp4", "out.mp4", "corrupt.mp4: frame 5: cannot be decoded (Invalid data"),
+        BadVideo("zero bytes", "empty.mp4", "out.mp4", "empty.mp4: not a readable video"),
+        BadVideo("text named .mp4", "notes.mp4", "out.mp4", "notes.mp4: not a readable video"),
+        BadVideo("missing", "missing.mp4", "out.mp4", "missing.mp4: no such video file"),
+        BadVideo("frames over max_pixels", "huge.mp4", "out.mp4", "huge.mp4: 640x512 frames exceed max_pixels"),
+        BadVideo("output not a video", "good.mp4", "out.png", "out.png: the output of a video must be a video file"),
     ]

@@ -7,10 +7,13 @@ Each test prints a table of what happened to every case (`pytest -s` shows it).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import requests
-from corpus import bad_requests, write_bad_files
+from corpus import bad_requests, write_bad_files, write_bad_videos
 from mlflow import MlflowClient
 from thermal2visible.servers import mlflow_server, model_server
 from tiny_model import export_tiny
@@ -109,3 +112,23 @@ def test_every_broken_request_is_refused_clearly_and_the_server_lives_on(served)
           f"{sum(s >= 500 for s in statuses)} 5xx (all MLflow gaps listed above)")
     assert not failures, "\n".join(failures)
     assert registry_state(client) == before  # serving writes nothing to the registry
+
+
+def test_every_broken_video_is_refused_naming_it_and_nothing_is_written(tmp_path, tiny_cache):
+    """`pipelines/translate.py --input VIDEO`: a clear error naming the file (and frame), exit 1, no output."""
+    model = export_tiny(tmp_path / "model", tiny_cache)
+    rows, failures = [], []
+    for case in write_bad_videos(tmp_path / "videos"):
+        out = tmp_path / "out" / case.case.replace(" ", "_") / case.output
+        done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "pipelines" / "translate.py"),
+                               "--model", str(model), "--input", str(tmp_path / "videos" / case.path),
+                               "--output", str(out), "--max-pixels", str(MAX_PIXELS)], capture_output=True, text=True)
+        written = [p.name for p in out.parent.iterdir()] if out.parent.exists() else []
+        problems = [what for what, bad in ((f"exit {done.returncode}", done.returncode != 1),
+                                           ("message", case.phrase not in done.stderr),
+                                           ("traceback", "Traceback" in done.stderr),
+                                           (f"wrote {written}", bool(written))) if bad]
+        failures += [f"{case.case}: {', '.join(problems)}: {done.stderr[-300:]}"] if problems else []
+        rows.append((case.case, "ok" if not problems else "FAIL", done.stderr.strip().splitlines()[-1][:90]))
+    print("\n" + table(rows, ("case", "outcome", "message")))
+    assert not failures, "\n".join(failures)

@@ -116,3 +116,16 @@ def test_stage_without_generator_says_so(tmp_path):
                             capture_output=True, text=True, env=os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true"})
     assert result.returncode == 1
     assert result.stderr.strip() == "error: models/generator.pt: no trained generator here (run the train stage first)"
+
+
+def test_height_and_width_are_dynamic_multiples_of_the_training_size(project, exported):
+    """Whole frames run fully convolutionally: any multiple of the training size, not just the training square."""
+    session = onnx_session(project / "models" / "generator.onnx")
+    generator, _ = load_generator(project / "models" / "generator.pt")
+    size = generator.config["image_size"]
+    assert session.get_inputs()[0].shape[2:] == [f"{size}*rows", f"{size}*cols"]
+    for rows, cols in ((1, 1), (2, 5), (4, 3)):
+        frame = np.random.default_rng(rows).uniform(-1, 1, (1, 1, rows * size, cols * size)).astype(np.float32)
+        generated = run_onnx(session, frame)
+        assert generated.shape == (1, 3, rows * size, cols * size)
+        np.testing.assert_allclose(generated, run_torch(generator, frame), atol=1e-4)

@@ -70,15 +70,21 @@ def test_jpeg_and_palette_decode_to_rgb():
     (pillow_bytes(Image.fromarray(RGB8), "PNG")[:60], "truncated or corrupt PNG"),
     (pillow_bytes(Image.fromarray(np.tile(RGB8, (8, 8, 1))), "JPEG")[:2000], "truncated or corrupt JPEG"),
     (tiff_bytes(GREY16)[:120], "truncated or corrupt TIFF"),
-    (pillow_bytes(Image.fromarray(RGB8).convert("RGBA"), "PNG"), "4 channels"),
-    (pillow_bytes(Image.fromarray(RGB8).convert("LA"), "PNG"), "2 channels"),
-    (tiff_bytes(GREY16.astype(np.float32)), "float32 samples"),
+    (pillow_bytes(Image.fromarray(np.dstack([RGB8, RGB8[:, :, :1]])), "PNG"),
+     "RGBA (4 channels) with 120 transparent pixel(s), first at row 0, column 0"),
+    (pillow_bytes(Image.fromarray(RGB8[:, :, :2]), "PNG"), "grey+alpha (2 channels) with"),
+    (tiff_bytes(np.dstack([RGB8, RGB8]), photometric="rgb", planarconfig="contig"),
+     "6 channels; expected 1 (grey), 3 (RGB)"),
+    (tiff_bytes(GREY16.astype(np.int32)), "int32 samples"),
+    (tiff_bytes(np.where(GREY16 > 60_000, np.nan, GREY16 / 1000.0).astype(np.float32)), "NaN/inf value(s), first"),
+    (tiff_bytes(np.full((4, 4), np.inf)), "16 NaN/inf value(s), first at row 0, column 0"),
     (tiff_bytes(np.stack([GREY16, GREY16])), "2 images"),
     (pillow_bytes(Image.fromarray(RGB8), "PNG"), "pixels exceeds max_pixels 100 (refused before decoding)"),
     (png_header_only(60_000, 60_000), "decompression bomb"),
     (png_header_only(3_000, 2_000), "3000x2000 = 6000000 pixels exceeds max_pixels"),
-], ids=["empty", "text", "truncated-png", "truncated-jpeg", "truncated-tiff", "rgba", "grey-alpha", "float",
-        "multipage", "too-many-pixels", "bomb-header", "huge-header"])
+], ids=["empty", "text", "truncated-png", "truncated-jpeg", "truncated-tiff", "rgba-transparent",
+        "grey-alpha-transparent", "six-channels", "int32", "float-nan", "float-inf", "multipage", "too-many-pixels",
+        "bomb-header", "huge-header"])
 def test_bad_images_name_the_source_and_reason(data, reason):
     max_pixels = 100 if reason.startswith("pixels exceeds") else 1_000_000
     with pytest.raises(BadImage) as caught:
@@ -92,3 +98,40 @@ def test_bad_images_name_the_source_and_reason(data, reason):
 def test_read_image_reports_a_missing_file(tmp_path):
     with pytest.raises(BadImage, match="missing.png: cannot read"):
         read_image(tmp_path / "missing.png", 1000)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, ">f4"])
+def test_float_temperature_maps_come_back_as_floats(dtype):
+    celsius = (20 + GREY16 / 65535 * 20).astype(dtype)
+    decoded = decode_image(tiff_bytes(celsius), "t.tiff", 10_000)
+    assert decoded.dtype.kind == "f" and decoded.dtype.isnative
+    np.testing.assert_array_equal(decoded, celsius)
+
+
+@pytest.mark.parametrize("mode, channels", [("RGBA", 3), ("LA", 1)])
+def test_opaque_alpha_is_dropped(mode, channels):
+    image = Image.fromarray(RGB8).convert(mode)
+    decoded = decode_image(pillow_bytes(image, "PNG"), "x.png", 10_000)
+    expected = np.asarray(image.convert("RGB" if channels == 3 else "L"))
+    np.testing.assert_array_equal(decoded, expected)
+    sixteen = np.dstack([np.stack([GREY16] * 3, axis=-1), np.full_like(GREY16, 65535)])
+    np.testing.assert_array_equal(decode_image(tiff_bytes(sixteen, extrasamples=["unassalpha"]), "x.tif", 10_000),
+                                  sixteen[:, :, :3])
+
+
+def test_palette_with_a_transparent_colour_is_refused():
+    palette = Image.fromarray(RGB8).convert("P")
+    with pytest.raises(BadImage, match="RGBA .4 channels. with"):
+        decode_image(pillow_bytes(palette, "PNG", transparency=int(np.asarray(palette)[0, 0])), "x.png", 10_000)
+
+
+def test_exif_orientation_is_applied():
+    """A phone stores a portrait shot as landscape pixels plus EXIF Orientation 6 (rotate 90° clockwise to view)."""
+    landscape = np.zeros((12, 20, 3), np.uint8)
+    landscape[:, :5] = 255  # white stripe on the left of the stored pixels
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = pillow_bytes(Image.fromarray(landscape), "JPEG", quality=100, exif=exif.tobytes())
+    decoded = decode_image(data, "phone.jpg", 10_000)
+    assert decoded.shape == (20, 12, 3)
+    assert decoded[:5].mean() > 200 and decoded[8:].mean() < 50  # the stripe is now on top

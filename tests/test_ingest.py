@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,8 +115,8 @@ BAD = {  # name: (make the defect in a good dataset, the file to be named, the r
                             "visible/p/c.png", "not a PNG, JPEG or TIFF image"),
     "size-mismatch": (lambda r: write_image(r / "visible/p/a.png", rgb(8, 10)),
                       "thermal/p/a.png", "thermal is 8x8 but its visible partner visible/p/a.png is 10x8"),
-    "four-channels": (lambda r: write_image(r / "visible/p/a.png", rgb(channels=4)),
-                      "visible/p/a.png", "4 channels; expected 1 (grey) or 3 (RGB)"),
+    "transparent-rgba": (lambda r: write_image(r / "visible/p/a.png", rgb(channels=4)),
+                         "visible/p/a.png", "RGBA (4 channels) with"),
     "inconsistent-channels": (lambda r: write_image(r / "thermal/p/b.png", rgb()),
                               "thermal/p/b.png", "thermal has 3 channel(s) but most thermal images have 1"),
     "too-many-pixels": (lambda r: [write_image(r / f"{k}/p/a.png", img) for k, img in
@@ -222,3 +223,29 @@ def test_a_users_folder_goes_through_ingest_and_preprocess_unchanged(tmp_path, w
     assert manifest["counts"] == {"train": 6, "val": 3, "test": 3}
     assert (manifest["thermal_channels"], manifest["visible_channels"]) == (1, 3)
     assert np.load(tmp_path / "data/cache/train_thermal.npy", mmap_mode="r").shape == (6, 32, 32, 1)
+
+
+def test_rgba_and_exif_rotated_visible_pair_with_their_thermal(tmp_path):
+    """A phone's JPEG stored sideways (EXIF orientation 6) and an opaque RGBA PNG pair with upright thermal;
+    a float temperature TIFF is a thermal frame like any other; a float visible image is refused."""
+    root = tmp_path / "faces"
+    write_image(root / "thermal/phone.png", thermal16(12, 20))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    (root / "visible").mkdir(parents=True)
+    Image.fromarray(rgb(20, 12)).save(root / "visible/phone.jpg", exif=exif.tobytes())
+    write_image(root / "thermal/alpha.tiff", (30 + RNG.random((12, 20)) * 5).astype(np.float32))
+    write_image(root / "visible/alpha.png", np.dstack([rgb(12, 20), np.full((12, 20), 255, np.uint8)]))
+    write_image(root / "thermal/see_through.png", thermal16(12, 20))
+    write_image(root / "visible/see_through.png", rgb(12, 20, channels=4))
+    write_image(root / "thermal/float_visible.png", thermal16(12, 20))
+    write_image(root / "visible/float_visible.tiff", RNG.random((12, 20, 3)).astype(np.float32))
+    index, problems = ingest(root, "pairs", SKIP)
+    assert [p["thermal"] for p in index["pairs"]] == ["thermal/alpha.tiff", "thermal/phone.png"]
+    assert (index["thermal_channels"], index["visible_channels"]) == (1, 3)
+    reasons = {Path(p.file).name: p.reason for p in problems}
+    assert set(reasons) == {"see_through.png", "float_visible.tiff"}
+    assert "transparent pixel(s)" in reasons["see_through.png"]
+    assert "visible image has float32 samples" in reasons["float_visible.tiff"]
+    thermal, visible = read_pair(root, index["pairs"][1], "pairs", 10**6)
+    assert thermal.shape == visible.shape[:2] == (12, 20)

@@ -4,12 +4,15 @@ import json
 
 import numpy as np
 import pytest
+import tifffile
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import PreprocessConfig
-from thermal2visible.data.cache import load_manifest, load_split
+from thermal2visible.config import IngestConfig, PreprocessConfig
+from thermal2visible.data.cache import build_cache, load_manifest, load_split
 from thermal2visible.data.images import read_image
-from thermal2visible.data.preprocess import assign_splits, face_box, prepare_thermal, prepare_visible, thermal_counts
+from thermal2visible.data.ingest import ingest
+from thermal2visible.data.preprocess import (assign_splits, face_box, prepare_thermal, prepare_visible,
+                                             preprocess_config, sequence_of, thermal_counts)
 
 CFG = PreprocessConfig(image_size=16, face_crop=False)
 
@@ -88,7 +91,7 @@ def test_cache_round_trip(tiny_cache):
     assert manifest["identities"] == [f"person_{k:02d}" for k in range(4)]
     assert (manifest["image_size"], manifest["thermal_channels"], manifest["visible_channels"]) == (32, 1, 3)
     assert len(manifest["sources"]) == 24
-    cfg = PreprocessConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest["preprocess"].items()})
+    cfg = preprocess_config(manifest["preprocess"])
     for split in ("train", "val", "test"):
         thermal, visible, identity = load_split(tiny_cache, split)
         assert isinstance(thermal, np.memmap) and isinstance(visible, np.memmap)
@@ -119,3 +122,85 @@ def test_preprocess_script_notices_a_file_changed_after_ingest(tmp_path, write_p
     result = run_stage_script("preprocess.py", tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"error: data/raw/{index['pairs'][0]['visible']}: changed since ingest" in result.stderr
+
+
+def write_pairs(root, thermal_frames, visible_frames, names):
+    for name, thermal, visible in zip(names, thermal_frames, visible_frames):
+        for kind, image in (("thermal", thermal), ("visible", visible)):
+            (root / kind / name).parent.mkdir(parents=True, exist_ok=True)
+            tifffile.imwrite(root / kind / f"{name}.tiff", image, photometric="rgb" if image.ndim == 3 else None)
+
+
+def cached(root, cfg, tmp_path):
+    index, problems = ingest(root, "pairs", IngestConfig())
+    assert problems == []
+    out = tmp_path / f"cache-{root.name}"
+    build_cache(index, cfg, 10**6, out)
+    return {split: load_split(out, split) for split in ("train", "val", "test")}
+
+
+def test_sixteen_bit_visible_caches_as_its_eight_bit_twin(tmp_path):
+    """16-bit visible TIFFs (value x 257, as a camera's 16-bit export of the same scene) give the same cache."""
+    rng = np.random.default_rng(1)
+    thermal = [rng.integers(29_000, 31_000, (20, 28), dtype=np.uint16) for _ in range(6)]
+    visible8 = [rng.integers(0, 256, (20, 28, 3), dtype=np.uint8) for _ in range(6)]
+    names = [f"p/{k}" for k in range(6)]
+    write_pairs(tmp_path / "eight", thermal, visible8, names)
+    write_pairs(tmp_path / "sixteen", thermal, [v.astype(np.uint16) * 257 for v in visible8], names)
+    cfg = dataclasses.replace(CFG, val_fraction=0.2, test_fraction=0.2)
+    eight, sixteen = cached(tmp_path / "eight", cfg, tmp_path), cached(tmp_path / "sixteen", cfg, tmp_path)
+    for split in eight:
+        assert np.abs(eight[split][1].astype(int) - sixteen[split][1]).max() <= 1  # within rounding
+        np.testing.assert_array_equal(eight[split][0], sixteen[split][0])
+    assert sixteen["train"][1].mean() < 200  # not saturated to white
+
+
+def test_temperature_maps_normalise_by_the_fixed_range(tmp_path):
+    """float32 °C maps: temperature_range [20, 40] maps 30 °C to 0.5 in every frame, whatever else is in it."""
+    frames = [np.full((16, 16), 30.0, np.float32) for _ in range(5)]
+    for k, frame in enumerate(frames):
+        frame[:4, :4] = 20.0 + 5 * k  # other content that percentile normalisation would react to
+    visible = [np.zeros((16, 16, 3), np.uint8)] * 5
+    write_pairs(tmp_path / "celsius", frames, visible, [f"{k}" for k in range(5)])
+    cfg = dataclasses.replace(CFG, thermal_norm="temperature", temperature_range=(20.0, 40.0),
+                              val_fraction=0.2, test_fraction=0.2)
+    for thermal, _, _ in cached(tmp_path / "celsius", cfg, tmp_path).values():
+        np.testing.assert_allclose(thermal[:, 12:, 12:] / 65535, 0.5, atol=1e-4)
+    with pytest.raises(PipelineError, match="float32 temperature map, but preprocess.fixed_range is in integer"):
+        prepare_thermal(frames[0], dataclasses.replace(CFG, thermal_norm="fixed"))
+    with pytest.raises(PipelineError, match="uint16 thermal counts, but preprocess.thermal_norm: temperature"):
+        prepare_thermal(warm_blob(), cfg)
+
+
+def test_preprocess_stage_names_a_frame_that_does_not_fit_the_norm_and_leaves_no_cache(tmp_path, write_params,
+                                                                                       run_stage_script):
+    write_params(tmp_path, "preprocess.thermal_norm=temperature")
+    assert run_stage_script("synthesize.py", tmp_path).returncode == 0
+    assert run_stage_script("ingest.py", tmp_path).returncode == 0
+    result = run_stage_script("preprocess.py", tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "error: data/raw/thermal/" in result.stderr and "uint16 thermal counts" in result.stderr
+    assert not (tmp_path / "data" / "cache").exists()
+
+
+def test_sequence_split_keeps_the_frames_of_a_video_together(tmp_path):
+    paths = [f"thermal/anna/walk_{k:04d}.png" for k in range(8)] + [f"thermal/clip{c}/{k:03d}.png"
+                                                                   for c in range(6) for k in range(4)]
+    assert sequence_of(paths[0]) == "thermal/anna/walk" and sequence_of(paths[-1]) == "thermal/clip5"
+    sequences = [sequence_of(path) for path in paths]
+    splits = assign_splits([None] * len(paths), [None] * len(paths),
+                           dataclasses.replace(CFG, split_by="sequence"), sequences)
+    split_of = {}
+    for sequence, split in zip(sequences, splits):
+        assert split_of.setdefault(sequence, split) == split
+    assert set(splits) == {"train", "val", "test"}
+    rng = np.random.default_rng(2)
+    names = [f"clip{c}/{k:03d}" for c in range(6) for k in range(3)]
+    write_pairs(tmp_path / "clips", [rng.integers(0, 65535, (8, 8), dtype=np.uint16) for _ in names],
+                [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in names], names)
+    cached(tmp_path / "clips", dataclasses.replace(CFG, split_by="sequence"), tmp_path)
+    sources = load_manifest(tmp_path / "cache-clips")["sources"]
+    split_of_clip = {}
+    for source in sources:
+        assert split_of_clip.setdefault(source["thermal"].split("/")[1], source["split"]) == source["split"]
+    assert len(split_of_clip) == 6 and set(split_of_clip.values()) == {"train", "val", "test"}

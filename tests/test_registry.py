@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import mlflow
+import onnx
 import pytest
 from mlflow import MlflowClient
 from thermal2visible.servers import mlflow_server
@@ -49,15 +50,36 @@ def test_gate(psnr, parity, champion, expected):
     assert gate(psnr, parity, champion) == expected
 
 
-def add(onnx_model: Path, name: str, psnr: float, parity: bool = True):
+def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, score=None, data_hash="md5-of-tiny-cache"):
     """A new version of `name`, made by a (real, empty) training run of its own."""
     mlflow.set_experiment("registry-tests")
     with mlflow.start_run(run_name="train") as training:
         pass
     return register(onnx_model, name=name, experiment="registry-tests", test_psnr=psnr, parity_passed=parity,
-                    metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000,
-                    lineage={"training_run_id": training.info.run_id, "data_hash": "md5-of-tiny-cache",
-                             "git_commit": None})
+                    metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000, score=score,
+                    lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None})
+
+
+def test_gate_scores_the_champion_on_the_new_test_set(client, onnx_model):
+    """A stored PSNR measured on other images decides nothing: both models are scored on the same frames."""
+    add(onnx_model, "fair", 30.0, data_hash="md5-of-old-data")
+    on_new_frames = {"1": 18.0, "2": 19.0, "3": 17.0}  # version -> PSNR on the new test frames
+    scored = []
+
+    def score(uri: str) -> float:
+        scored.append(uri)
+        return on_new_frames[uri.rsplit("/", 1)[1]]
+
+    better = add(onnx_model, "fair", 25.0, score=score)  # lower stored PSNR, better on the same frames
+    assert better.alias == CHAMPION and scored == ["models:/fair/2", "models:/fair/1"]
+    assert better.gate == {"basis": "same test set, same code", "champion_version": 1, "new_psnr": 19.0,
+                           "champion_psnr": 18.0, "data_hash_differs": True}
+    tags = client.get_model_version("fair", "2").tags
+    assert (tags["gate_new_psnr"], tags["gate_champion_psnr"], tags["gate_data_hash_differs"]) == ("19.0", "18.0",
+                                                                                                  "true")
+    worse = add(onnx_model, "fair", 40.0, score=score)  # higher stored PSNR, worse on the same frames
+    assert worse.alias == CHALLENGER and worse.gate["data_hash_differs"] is False
+    assert aliases(client, "fair") == {CHAMPION: 2, CHALLENGER: 3}
 
 
 def aliases(client: MlflowClient, name: str) -> dict[str, int]:
@@ -99,6 +121,7 @@ def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
     info = mlflow.models.get_model_info(f"models:/lineage/{added.version}")
     assert info.signature.inputs.input_names() == [IMAGE]
     assert info.saved_input_example_info is not None
+    assert "the input's width x height, in register" in info.metadata["output"]  # what the strings hold, for a reader
 
 
 def run_register_stage(project: Path, tracking_uri: str, psnr: float) -> subprocess.CompletedProcess:
@@ -109,21 +132,39 @@ def run_register_stage(project: Path, tracking_uri: str, psnr: float) -> subproc
         env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
 
 
-def test_register_stage(tracking_uri, onnx_model, tmp_path):
+def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "metrics").mkdir()
+    shutil.copytree(tiny_cache, tmp_path / "data" / "cache")
     shutil.copy(onnx_model, tmp_path / "models" / "generator.onnx")
     (tmp_path / "metrics" / "export.json").write_text(json.dumps({"parity_max_abs_error": 2e-7, "size_bytes": 1}))
 
     first = run_register_stage(tmp_path, tracking_uri, 22.0)
     assert first.returncode == 0, first.stderr
     assert json.loads((tmp_path / "metrics" / "register.json").read_text()) == {
-        "model_name": "staged", "version": 1, "alias": CHAMPION, "test_psnr": 22.0, "champion_psnr_before": None}
+        "model_name": "staged", "version": 1, "alias": CHAMPION, "test_psnr": 22.0, "champion_psnr_before": None,
+        "gate": {"basis": "no champion yet"}}
 
+    # The same model with a lower stored PSNR: on the same frames it ties with the champion, so it moves the alias.
     second = run_register_stage(tmp_path, tracking_uri, 21.0)
     assert second.returncode == 0, second.stderr
     summary = json.loads((tmp_path / "metrics" / "register.json").read_text())
-    assert (summary["version"], summary["alias"], summary["champion_psnr_before"]) == (2, CHALLENGER, 22.0)
+    assert (summary["version"], summary["alias"], summary["champion_psnr_before"]) == (2, CHAMPION, 22.0)
+    gate = summary["gate"]
+    assert gate["basis"] == "same test set, same code" and gate["champion_version"] == 1
+    assert gate["new_psnr"] == gate["champion_psnr"] > 5 and gate["data_hash_differs"] is False
+    assert "full-frame test PSNR" in second.stdout
+
+    relabelled = onnx.load(tmp_path / "models" / "generator.onnx")  # as if trained on other data
+    onnx.helper.set_model_props(relabelled, {p.key: p.value for p in relabelled.metadata_props}
+                                | {"data_hash": json.dumps("md5-of-other-data")})
+    onnx.save_model(relabelled, tmp_path / "models" / "generator.onnx")
+    third = run_register_stage(tmp_path, tracking_uri, 21.0)
+    assert third.returncode == 0, third.stderr
+    assert json.loads((tmp_path / "metrics" / "register.json").read_text())["gate"]["data_hash_differs"] is True
+    assert "the champion was trained on other data" in third.stdout
+    tags = MlflowClient(tracking_uri).get_model_version("staged", "3").tags
+    assert tags["gate_data_hash_differs"] == "true" and tags["gate_champion_version"] == "2"
 
 
 def test_register_stage_needs_evaluation(tracking_uri, onnx_model, tmp_path):

@@ -21,6 +21,7 @@ from PIL import Image
 from thermal2visible.servers import mlflow_server, model_server
 from tiny_model import export_tiny
 
+from thermal2visible.data.images import read_image
 from thermal2visible.registry import register
 from thermal2visible.serving import IMAGE, png_bytes, pyfunc_arguments, to_base64
 
@@ -52,8 +53,9 @@ def decoded(value: str) -> np.ndarray:
 rng = np.random.default_rng(0)
 FRAMES = [png(rng.integers(0, 65535, (40, 56), dtype=np.uint16)),   # 16-bit, not square, bigger than the model
           tiff(rng.integers(0, 65535, (20, 12), dtype=np.uint16)),  # 16-bit TIFF, smaller than the model
-          jpeg(rng.integers(0, 255, (33, 33), dtype=np.uint8))]     # 8-bit JPEG
-SIZES = [(40, 56), (20, 12), (33, 33)]
+          jpeg(rng.integers(0, 255, (33, 33), dtype=np.uint8)),     # 8-bit JPEG
+          png(rng.integers(0, 65535, (120, 160), dtype=np.uint16))]  # a Lepton's 160x120
+SIZES = [(40, 56), (20, 12), (33, 33), (120, 160)]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +118,8 @@ def bad_png_header() -> str:
     ({"dataframe_records": [{IMAGE: ""}]}, "row 0: empty file"),
     ({"dataframe_records": [{IMAGE: bad_png_header()}]}, "row 0: truncated or corrupt PNG"),
     ({"inputs": {IMAGE: [png(np.zeros((8, 8, 3), np.uint8))]}}, "row 0: thermal image has 3 channel(s); this model"),
-    ({"instances": [{IMAGE: png(np.zeros((8, 8, 4), np.uint8))}]}, "row 0: 4 channels; expected 1 (grey) or 3 (RGB)"),
+    ({"instances": [{IMAGE: png(np.zeros((8, 8, 4), np.uint8))}]}, "row 0: RGBA (4 channels) with 64 transparent"),
+    ({"inputs": {IMAGE: [tiff(np.full((8, 8), np.nan, np.float32))]}}, "row 0: 64 NaN/inf value(s), first at row 0"),
     ({"dataframe_records": [{IMAGE: png(np.zeros((400, 300), np.uint8))}]},
      f"row 0: 300x400 = 120000 pixels exceeds max_pixels {MAX_PIXELS} (refused before decoding)"),
     ({"dataframe_split": {"columns": [IMAGE], "data": []}}, "no images: the 'image' column has 0 rows"),
@@ -126,7 +129,7 @@ def bad_png_header() -> str:
     ({"instances": [{"picture": FRAMES[0]}]}, "Model is missing inputs ['image']"),
     ({"dataframe_records": [{IMAGE: 7}]}, "row 0: expected a base64 string, got int"),
     ({"images": [FRAMES[0]]}, "dataframe_split"),  # no known request key: MLflow lists the accepted ones
-], ids=["not-base64", "not-an-image", "empty", "truncated", "rgb-for-grey-model", "rgba", "too-many-pixels",
+], ids=["not-base64", "not-an-image", "empty", "truncated", "rgb-for-grey-model", "rgba", "nan", "too-many-pixels",
         "zero-rows", "zero-inputs", "empty-records", "wrong-column", "wrong-column-instances", "not-a-string",
         "unknown-form"])
 def test_bad_request_is_a_clear_400_and_the_server_keeps_serving(url, body, phrase):
@@ -189,3 +192,19 @@ def test_a_fault_in_the_model_is_a_500_without_traceback(tmp_path, tiny_cache):
         mlflow.pyfunc.load_model(str(tmp_path / "pyfunc")).predict(pd.DataFrame({IMAGE: FRAMES[:1]}))
     assert raised.value.get_http_status_code() == 500
     assert raised.value.message == "internal error while translating: InvalidArgument"
+
+
+def test_three_faces_side_by_side_come_back_each_in_its_place(in_process, tiny_cache):
+    """Each third of the translated 3-face frame is closest to the translation of the face that was there
+    (a centre crop stretched over the frame, as before, puts the middle face everywhere)."""
+    raw = tiny_cache.parent / "raw" / "thermal"
+    faces = [read_image(sorted((raw / f"person_{k:02d}").iterdir())[0], 10**6) for k in (0, 1, 2)]
+    side = faces[0].shape[1]
+    alone = [decoded(in_process.predict(pd.DataFrame({IMAGE: [png(face)]}))[IMAGE][0]).astype(float)
+             for face in faces]
+    together = decoded(in_process.predict(pd.DataFrame({IMAGE: [png(np.hstack(faces))]}))[IMAGE][0]).astype(float)
+    assert together.shape == (side, 3 * side, 3)
+    for third in range(3):
+        part = together[:, third * side:(third + 1) * side]
+        distances = [np.abs(part - translation).mean() for translation in alone]
+        assert int(np.argmin(distances)) == third, distances

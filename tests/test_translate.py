@@ -6,18 +6,22 @@ import io
 import os
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
+import av
 import mlflow.pyfunc
 import numpy as np
 import pytest
 import requests
 import tifffile
+from corpus import write_video
 from PIL import Image
 from thermal2visible.servers import model_server
 from tiny_model import export_tiny
 
 from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
+from thermal2visible.video import translate_video
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATE = ROOT / "pipelines" / "translate.py"
@@ -54,9 +58,9 @@ def frames(tmp_path_factory) -> Path:
     return folder
 
 
-def run_translate(model: str | Path, source: Path, target: Path) -> subprocess.CompletedProcess:
+def run_translate(model: str | Path, source: Path, target: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(TRANSLATE), "--model", str(model), "--input", str(source),
-                           "--output", str(target)], capture_output=True, text=True,
+                           "--output", str(target), *options], capture_output=True, text=True,
                           env=os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true"})
 
 
@@ -120,3 +124,66 @@ def test_bad_arguments_say_what_is_wrong(onnx_model, frames, tmp_path, model, fo
     result = run_translate(model.format(onnx=onnx_model), source, tmp_path / "out")
     assert result.returncode == 1
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def video_facts(path: Path) -> tuple[int, int, int, object, np.ndarray]:
+    """(frames, width, height, frame rate, first frame as grey) of a video, decoded frame by frame."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
+        return len(frames), stream.width, stream.height, stream.average_rate, frames[0]
+
+
+@pytest.mark.parametrize("width, height", [(48, 40), (45, 33)], ids=["even", "odd-sides"])
+def test_video_round_trips_frame_count_size_and_rate(onnx_model, pyfunc_dir, tmp_path, width, height):
+    source = write_video(tmp_path / "thermal.mp4", frames=12, width=width, height=height, fps=15)
+    result = run_translate(onnx_model, source, tmp_path / "out" / "visible.mp4")
+    assert result.returncode == 0, result.stderr
+    assert "translated 12 frames" in result.stdout and "translating: 100%" in result.stderr  # the progress bar
+    count, out_width, out_height, rate, first = video_facts(tmp_path / "out" / "visible.mp4")
+    assert (count, out_width, out_height, rate) == (12, width, height, 15)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["visible.mp4"]  # no partial file left
+    # The same model code as for images: frame 0 through the pyfunc, within H.264's loss.
+    decoded = video_facts(source)[4][:, :, 0]
+    model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()
+    assert np.abs(first.astype(int) - model.translate(decoded, "frame 0")).mean() < 8
+
+
+class Stretch:
+    """A known-answer frame translator: the frame stretched from its own min..max to 0..255 (grey)."""
+    in_channels, max_pixels = 1, 10**6
+
+    def translate(self, frame: np.ndarray, where: str) -> np.ndarray:
+        spread = np.ptp(frame.astype(float))
+        return np.round((frame - frame.min()) / max(spread, 1) * 255).astype(np.uint8)
+
+
+def test_sixteen_bit_video_keeps_its_sixteen_bits(pyfunc_dir, tmp_path):
+    """A lossless 16-bit grey recording (FFV1 gray16le in .mkv) whose picture lives in the low byte: read as
+    8 bits it would be one flat grey; read as 16 bits it is a ramp. The real model keeps count, size and rate."""
+    ramp = (29_000 + np.add.outer(np.arange(30), np.arange(40)) * 255 // 68).astype(np.uint16)
+    with av.open(str(tmp_path / "thermal.mkv"), "w") as container:
+        stream = container.add_stream("ffv1", rate=9)
+        stream.width, stream.height, stream.pix_fmt = 40, 30, "gray16le"
+        for _ in range(4):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(ramp, format="gray16le")))
+        container.mux(stream.encode(None))
+    assert translate_video(Stretch(), tmp_path / "thermal.mkv", tmp_path / "stretched.mkv") == 4
+    first = video_facts(tmp_path / "stretched.mkv")[4][:, :, 0].astype(int)
+    assert np.abs(first - Stretch().translate(ramp, "ramp")).mean() < 3 and np.ptp(first) > 200
+    model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()
+    assert translate_video(model, tmp_path / "thermal.mkv", tmp_path / "visible.mkv") == 4
+    assert video_facts(tmp_path / "visible.mkv")[:4] == (4, 40, 30, 9)
+
+
+def test_video_streams_memory_does_not_grow_with_length(pyfunc_dir, tmp_path):
+    """Ten times the frames, the same peak: no frame is kept (a kept 320x256 RGB frame is 240 kB: 100 are 24 MB)."""
+    model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()
+    peaks = []
+    for frames in (10, 100):
+        source = write_video(tmp_path / f"{frames}.mp4", frames=frames, width=320, height=256)
+        tracemalloc.start()
+        assert translate_video(model, source, tmp_path / f"visible{frames}.mp4") == frames
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < 1.2 * peaks[0] + 2**20, peaks

@@ -38,10 +38,11 @@ class PreprocessConfig:
     image_size: int = 64
     face_crop: bool = True
     crop_margin: float = 0.2
-    thermal_norm: Literal["percentile", "fixed"] = "percentile"
+    thermal_norm: Literal["percentile", "fixed", "temperature"] = "percentile"
     percentiles: tuple[float, float] = (1.0, 99.0)
     fixed_range: tuple[float, float] = (0.0, 65535.0)
-    split_by: Literal["random", "identity"] = "random"
+    temperature_range: tuple[float, float] = (20.0, 40.0)
+    split_by: Literal["random", "identity", "sequence"] = "random"
     val_fraction: float = 0.15
     test_fraction: float = 0.15
     seed: int = 0
@@ -209,8 +210,9 @@ def _check(params: Params) -> None:
         raise ConfigError("preprocess.val_fraction/test_fraction: each in [0, 1) and their sum < 1")
     if not 0 <= p.percentiles[0] < p.percentiles[1] <= 100:
         raise ConfigError(f"preprocess.percentiles: {list(p.percentiles)} must be increasing within [0, 100]")
-    if not p.fixed_range[0] < p.fixed_range[1]:
-        raise ConfigError(f"preprocess.fixed_range: {list(p.fixed_range)} must be increasing")
+    for key in ("fixed_range", "temperature_range"):
+        if not getattr(p, key)[0] < getattr(p, key)[1]:
+            raise ConfigError(f"preprocess.{key}: {list(getattr(p, key))} must be increasing")
     t = params.train
     for key in ("batch_size", "base_batch_size", "devices", "num_nodes", "max_epochs"):
         if getattr(t, key) < 1:

@@ -1,6 +1,7 @@
 """The trained generator as one self-contained ONNX file, checked against PyTorch on real images.
 
-The graph is the generator alone: (B,Ct,S,S) float32 in [-1,1] -> (B,Cv,S,S) in [-1,1], batch axis dynamic.
+The graph is the generator alone: (B,Ct,H,W) float32 in [-1,1] -> (B,Cv,H,W) in [-1,1], with batch, height and
+width dynamic (H and W any multiples of the training size S = 2^levels), so whole frames run fully convolutionally.
 Everything a server needs to feed it (image size, channels, the preprocess settings training used) rides
 along as `metadata_props`, so the .onnx file alone is enough to reproduce training's input pipeline.
 """
@@ -20,6 +21,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantiz
 from skimage.metrics import peak_signal_noise_ratio
 
 from thermal2visible.errors import PipelineError
+from thermal2visible.pixels import to_model
 
 INPUT_NAME = "thermal"
 OUTPUT_NAME = "visible"
@@ -27,8 +29,7 @@ OUTPUT_NAME = "visible"
 
 def cache_to_model_input(thermal: np.ndarray) -> np.ndarray:
     """Cache layout (N,H,W,C) uint16 of [0,1] x 65535 -> the generator's (N,C,H,W) float32 in [-1,1]."""
-    scaled = np.asarray(thermal, dtype=np.float32) / 65535.0
-    return np.ascontiguousarray(scaled.transpose(0, 3, 1, 2) * 2.0 - 1.0)
+    return to_model(np.asarray(thermal))
 
 
 def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opset: int) -> None:
@@ -40,15 +41,16 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
                 "training_run_id": payload.get("mlflow_run_id"), "data_hash": payload.get("data_hash")}
     generator.eval()
     size = config["image_size"]
-    # Batch 2 as the example: torch.export specialises a dimension it sees as 1.
-    example = torch.zeros(2, config["in_channels"], size, size)
+    # Batch 2 and a 2x3-tile frame as the example: torch.export specialises a dimension it sees as 1.
+    example = torch.zeros(2, config["in_channels"], 2 * size, 3 * size)
+    rows, cols = (torch.export.Dim(name, min=1, max=1024) for name in ("rows", "cols"))
     # The dynamo exporter is the maintained one (the TorchScript exporter is deprecated since torch 2.9);
     # we take its in-memory model instead of letting it save, so the weights can never land in a sidecar
     # `.onnx.data` file that a pyfunc's `artifacts=` would not copy.
     program = torch.onnx.export(
         generator, (example,), dynamo=True, opset_version=opset, verbose=False,
         input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-        dynamic_shapes=({0: torch.export.Dim("batch")},))
+        dynamic_shapes=({0: torch.export.Dim("batch"), 2: size * rows, 3: size * cols},))
     model = program.model_proto
     onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in metadata.items()})
     model.doc_string = "thermal2visible pix2pix generator: thermal in [-1,1] (NCHW) -> visible in [-1,1]"

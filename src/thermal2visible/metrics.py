@@ -10,6 +10,8 @@ import torch
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
+from thermal2visible.pixels import from_model
+
 SSIM_SIGMA = 1.5
 # The gaussian window's radius (scikit-image and torchmetrics both truncate at 3.5 sigma). Like scikit-image, SSIM
 # is averaged only where the window fits inside the image; torchmetrics' own mean also counts the padded border.
@@ -18,7 +20,7 @@ SSIM_BORDER = int(3.5 * SSIM_SIGMA + 0.5)
 
 def to_unit(images: torch.Tensor) -> torch.Tensor:
     """Model space [-1,1] -> image space [0,1], in float32 (mixed precision outputs may be bf16)."""
-    return ((images.float() + 1) / 2).clamp(0, 1)
+    return from_model(images.float())
 
 
 def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,18 @@
 """Each exported model becomes a new version of one registered model; a gate decides who is `champion`.
 
-The alias `champion` moves to the new version only when its ONNX export passed the parity check and its test
-PSNR is at least the current champion's (kept as the version tag `test_psnr`); otherwise the new version is
-the `challenger`. Versions are never overwritten, so a rejected model stays inspectable and servable.
+The gate compares like with like: before `champion` moves, the current champion is scored on the *new* version's
+test frames by the same code (`score`, full-frame PSNR in register.py), beside the new version itself, and the
+new version wins when its ONNX export passed the parity check and it scores at least as well. Both numbers, the
+champion's version and whether the two were trained on different data (their `data_hash` tags differ) go on the
+new version as tags. Without a `score` (no test frames at hand) the stored `test_psnr` tags are compared, and the
+version's `gate_basis` tag says so. A version that loses is the `challenger`. Versions are never overwritten,
+so a rejected model stays inspectable and servable.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import mlflow
 from mlflow import MlflowClient
@@ -18,6 +23,8 @@ from thermal2visible.serving import pyfunc_arguments
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 PSNR_TAG = "test_psnr"
+SAME_TEST_SET = "same test set, same code"
+STORED_TAGS = "stored test_psnr tags (test sets may differ)"
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,7 @@ class Registered:
     version: int
     alias: str
     champion_psnr_before: float | None
+    gate: dict[str, object]  # what the gate compared: basis, both scores, champion version, data_hash_differs
 
 
 def ensure_registered_model(client: MlflowClient, name: str) -> None:
@@ -38,7 +46,7 @@ def ensure_registered_model(client: MlflowClient, name: str) -> None:
 
 
 def champion_psnr(client: MlflowClient, name: str) -> float | None:
-    """The test PSNR of the current champion, or None when there is no champion yet."""
+    """The stored test PSNR of the current champion, or None when there is no champion yet."""
     aliases = client.get_registered_model(name).aliases
     if CHAMPION not in aliases:
         return None
@@ -51,12 +59,30 @@ def gate(test_psnr: float, parity_passed: bool, current_champion_psnr: float | N
     return CHAMPION if parity_passed and beats_champion else CHALLENGER
 
 
-def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: float, parity_passed: bool,
-             metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int) -> Registered:
-    """Log the .onnx as a pyfunc in a `register` run, add it as a new version of `name`, set its alias.
+def _compare(client: MlflowClient, name: str, version: str, test_psnr: float, data_hash: str | None,
+             score: Callable[[str], float] | None) -> tuple[float | None, dict[str, object]]:
+    """(champion's score to beat, the gate record) for the new `version` of `name`."""
+    aliases = client.get_registered_model(name).aliases
+    if CHAMPION not in aliases:
+        return None, {"basis": "no champion yet"}
+    champion = client.get_model_version(name, aliases[CHAMPION])
+    record: dict[str, object] = {"champion_version": int(champion.version),
+                                 "data_hash_differs": champion.tags.get("data_hash") != data_hash}
+    if score is None:
+        before = float(champion.tags.get(PSNR_TAG, "-inf"))
+        return before, record | {"basis": STORED_TAGS, "new_psnr": test_psnr, "champion_psnr": before}
+    new, old = score(f"models:/{name}/{version}"), score(f"models:/{name}/{champion.version}")
+    return old, record | {"basis": SAME_TEST_SET, "new_psnr": new, "champion_psnr": old}
 
-    `metrics` go on the run; `lineage` (training run id, data hash, ...; None values skipped), the test PSNR and
-    the parity result go on the version as tags, so the gate and a reader of the registry see them.
+
+def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: float, parity_passed: bool,
+             metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int,
+             score: Callable[[str], float] | None = None) -> Registered:
+    """Log the .onnx as a pyfunc in a `register` run, add it as a new version of `name`, gate it, set its alias.
+
+    `metrics` go on the run; `lineage` (training run id, data hash, ...; None values skipped), the test PSNR, the
+    parity result and the gate record go on the version as tags. `score(model_uri) -> PSNR` scores a registered
+    version on the new version's test frames; the champion's and the new version's scores decide the gate.
     """
     client = MlflowClient()
     tags = {key: str(value) for key, value in lineage.items() if value is not None}
@@ -72,6 +98,10 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     version = client.create_model_version(name, logged.model_uri, run_id=lineage.get("training_run_id") or
                                           run.info.run_id, tags=tags, model_id=logged.model_id)
     before = champion_psnr(client, name)
-    alias = gate(test_psnr, parity_passed, before)
+    to_beat, record = _compare(client, name, version.version, test_psnr, lineage.get("data_hash"), score)
+    alias = gate(record.get("new_psnr", test_psnr), parity_passed, to_beat)
+    for key, value in record.items():
+        client.set_model_version_tag(name, version.version, f"gate_{key}", str(value).lower()
+                                     if isinstance(value, bool) else str(value))
     client.set_registered_model_alias(name, alias, version.version)
-    return Registered(name, int(version.version), alias, before)
+    return Registered(name, int(version.version), alias, before, record)

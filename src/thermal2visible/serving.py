@@ -1,9 +1,13 @@
 """The served model: an MLflow pyfunc that turns base64 thermal images into base64 PNG visible images.
 
-One row per image in an `image` column: a base64 PNG, JPEG or TIFF thermal frame, 8- or 16-bit, grey or RGB as
-the model was trained, any size. Each goes through `prepare_thermal` (training's own preprocessing, with the
-settings stored in the .onnx metadata), the ONNX generator under onnxruntime, and is resized back to the
-frame's width x height. REST (`mlflow models serve`) and batch translation both call this class.
+One row per image in an `image` column: a base64 PNG, JPEG or TIFF thermal frame of any size and aspect; 8- or
+16-bit integer, or a float32/float64 TIFF temperature map (when the model was trained on them); grey or RGB as
+the model was trained. What comes back, one row per request row, in the same order: an `image` column of base64
+8-bit PNG visible frames (RGB or grey as trained) of exactly the request frame's width x height, in register
+with it: `frames.translate_frame` translates the whole frame with training's own normalisation (settings
+stored in the .onnx metadata) and the ONNX generator under onnxruntime; with `face_crop` the face box is
+translated as in training and pasted back where it was. REST (`mlflow models serve`), batch and video
+translation (pipelines/translate.py) all call this class.
 
 A request the model cannot use raises a ServingError (INVALID_PARAMETER_VALUE), which the scoring server
 answers with 400 and the message (naming the row); anything else is a bug in this code and answers 500
@@ -29,14 +33,20 @@ from mlflow.models import ModelSignature
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, Schema
 from PIL import Image
-from skimage.transform import resize
 
-from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.images import BadImage, decode_image
-from thermal2visible.data.preprocess import prepare_thermal
+from thermal2visible.data.preprocess import preprocess_config
+from thermal2visible.errors import PipelineError
+from thermal2visible.export import run_onnx
+from thermal2visible.frames import translate_frame
+from thermal2visible.pixels import quantise
 
 IMAGE = "image"
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
+# A signature says only "string": the MLmodel file's metadata says what the strings hold, for a reader of the registry.
+IMAGE_FORMATS = {
+    "input": "image: base64 PNG/JPEG/TIFF thermal frame of any size; 8/16-bit, or a float TIFF temperature map",
+    "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it"}
 # What the pyfunc imports when it runs (the package itself travels with the model as code_paths).
 REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML")
 
@@ -113,35 +123,32 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
         metadata = onnx_metadata(self.session)
-        settings = {key: tuple(value) if isinstance(value, list) else value
-                    for key, value in metadata["preprocess"].items()}
-        self.preprocess = PreprocessConfig(**settings)
+        self.preprocess = preprocess_config(metadata["preprocess"])
         self.in_channels = metadata["in_channels"]
         self.max_pixels = int(context.model_config["max_pixels"])
 
-    def _prepare(self, value: object, row: int) -> tuple[np.ndarray, tuple[int, int]]:
-        """One request value -> ((Ct,S,S) float32 in [-1,1], its frame's height and width), or a 400 naming
-        the row and the problem."""
+    def frame(self, value: object, row: int) -> np.ndarray:
+        """One request value -> its decoded thermal frame, or a 400 naming the row and the problem."""
         frame = decode_row(value, row, self.max_pixels)
         channels = 1 if frame.ndim == 2 else frame.shape[2]
         if channels != self.in_channels:
             raise bad_request(f"row {row}: thermal image has {channels} channel(s); this model takes "
                               f"{self.in_channels} ({'grey' if self.in_channels == 1 else 'RGB'})")
-        prepared = prepare_thermal(frame, self.preprocess)
-        return prepared.transpose(2, 0, 1) * 2.0 - 1.0, frame.shape[:2]
+        return frame
 
-    def _render(self, generated: np.ndarray, height: int, width: int) -> str:
-        """(Cv,S,S) in [-1,1] -> base64 PNG, 8-bit, resized back to the request frame's size."""
-        pixels = (generated.transpose(1, 2, 0) + 1.0) / 2.0
-        pixels = resize(pixels, (height, width, pixels.shape[2]), anti_aliasing=height < pixels.shape[0])
-        pixels = np.round(np.clip(pixels, 0.0, 1.0) * 255.0).astype(np.uint8)
-        return to_base64(png_bytes(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels))
+    def translate(self, frame: np.ndarray, where: str) -> np.ndarray:
+        """A decoded thermal frame -> uint8 visible frame of its height x width (`frames.translate_frame`);
+        a frame that does not fit the model's normalisation is a 400 naming `where`."""
+        try:
+            visible = translate_frame(lambda batch: run_onnx(self.session, batch), frame, self.preprocess)
+        except PipelineError as error:
+            raise bad_request(f"{where}: {error}") from None
+        return quantise(visible[:, :, 0] if visible.shape[2] == 1 else visible, np.uint8)
 
     def _translate(self, values: list[object]) -> list[str]:
         # Every row is checked before any is translated: one bad image fails the request, naming its row.
-        batch, sizes = zip(*(self._prepare(value, row) for row, value in enumerate(values)))
-        generated = self.session.run(None, {self.session.get_inputs()[0].name: np.stack(batch)})[0]
-        return [self._render(image, *size) for image, size in zip(generated, sizes)]
+        frames = [self.frame(value, row) for row, value in enumerate(values)]
+        return [to_base64(png_bytes(self.translate(frame, f"row {row}"))) for row, frame in enumerate(frames)]
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         # MLflow has enforced the signature by now: whatever the request form, a DataFrame with an `image` column.
@@ -177,4 +184,5 @@ def pyfunc_arguments(onnx_path: str | Path, max_pixels: int) -> dict[str, object
     channels = onnx_metadata(onnx_session(onnx_path))["in_channels"]
     return dict(python_model=ThermalToVisible(), artifacts={"onnx": str(onnx_path)},
                 code_paths=[str(Path(__file__).parent)], model_config={"max_pixels": max_pixels},
-                signature=SIGNATURE, input_example=example_request(channels), pip_requirements=requirements())
+                signature=SIGNATURE, metadata=IMAGE_FORMATS, input_example=example_request(channels),
+                pip_requirements=requirements())

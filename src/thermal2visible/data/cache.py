@@ -15,7 +15,8 @@ from tqdm import tqdm
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.ingest import SPLITS, read_pair
-from thermal2visible.data.preprocess import assign_splits, prepare_thermal, prepare_visible
+from thermal2visible.data.preprocess import assign_splits, prepare_thermal, prepare_visible, sequence_of
+from thermal2visible.pixels import quantise
 
 MANIFEST = "manifest.json"
 
@@ -23,7 +24,8 @@ MANIFEST = "manifest.json"
 def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path) -> dict:
     """Preprocess every pair of an ingest index into `out_dir`; returns the manifest it wrote."""
     root, layout, pairs = Path(index["root"]), index["layout"], index["pairs"]
-    splits = assign_splits([p["identity"] for p in pairs], [p["split"] for p in pairs], cfg)
+    splits = assign_splits([p["identity"] for p in pairs], [p["split"] for p in pairs], cfg,
+                           [sequence_of(p["thermal"]) for p in pairs])
     identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
     label = {name: position for position, name in enumerate(identities)}
     size, channels = cfg.image_size, (index["thermal_channels"], index["visible_channels"])
@@ -38,8 +40,11 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
                                 for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels))
             for row, pair in enumerate(members):
                 raw_thermal, raw_visible = read_pair(root, pair, layout, max_pixels)
-                thermal[row] = np.round(prepare_thermal(raw_thermal, cfg) * 65535)
-                visible[row] = np.round(prepare_visible(raw_visible, raw_thermal, cfg) * 255)
+                try:
+                    thermal[row] = quantise(prepare_thermal(raw_thermal, cfg), np.uint16)
+                except PipelineError as error:
+                    raise PipelineError(f"{root / pair['thermal']}: {error}") from None
+                visible[row] = quantise(prepare_visible(raw_visible, raw_thermal, cfg), np.uint8)
                 sources.append({key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
                                | {"split": split})
                 progress.update()
@@ -48,7 +53,8 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             del thermal, visible  # close the memory maps before the next split opens its own
             np.save(out_dir / f"{split}_identity.npy",
                     np.array([label.get(p["identity"], -1) for p in members], dtype=np.int64))
-    manifest = {"image_size": size, "thermal_channels": channels[0], "visible_channels": channels[1],
+    manifest = {"root": index["root"], "layout": layout, "max_pixels": max_pixels,
+                "image_size": size, "thermal_channels": channels[0], "visible_channels": channels[1],
                 "identities": identities, "counts": counts, "preprocess": dataclasses.asdict(cfg),
                 "sources": sources}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -67,3 +73,12 @@ def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarra
     """(thermal, visible, identity) arrays of one split, memory-mapped read-only."""
     return tuple(np.load(Path(cache_dir) / f"{split}_{kind}.npy", mmap_mode="r")
                  for kind in ("thermal", "visible", "identity"))
+
+
+def raw_pairs(cache_dir: str | Path, split: str):
+    """The (thermal, visible) frames of one split as the camera gave them (full size, before crop and resize),
+    for full-frame evaluation; fails naming the file if one changed since the cache was built."""
+    manifest = load_manifest(cache_dir)
+    for source in manifest["sources"]:
+        if source["split"] == split:
+            yield read_pair(Path(manifest["root"]), source, manifest["layout"], manifest["max_pixels"])

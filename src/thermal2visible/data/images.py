@@ -1,8 +1,14 @@
-"""Decode one PNG, JPEG or TIFF into a uint8/uint16 array, or say exactly why it cannot be used.
+"""Decode one PNG, JPEG or TIFF into a uint8/uint16/float array, or say exactly why it cannot be used.
 
 The pixel count is checked from the header before any pixel is decoded, so a small file that claims a huge
-image (a decompression bomb) costs nothing. PNG and JPEG go through Pillow; TIFF through tifffile, which keeps
-16-bit colour and planar layouts that Pillow would reduce to 8 bits.
+image (a decompression bomb) costs nothing. PNG and JPEG go through Pillow, which also applies the EXIF
+orientation (a phone's JPEG is stored sideways with a tag saying so); TIFF goes through tifffile, which keeps
+16-bit colour, planar layouts and float32/float64 temperature maps that Pillow would reduce or refuse.
+
+What comes back: HxW (grey) or HxWx3 (RGB); uint8, uint16, or float32/float64 (a radiometric tool's temperature
+map, in its own unit). An alpha channel is dropped when every pixel is opaque and refused otherwise (what would
+the model see behind a transparent pixel?). Non-finite floats (NaN, inf) are refused: a camera's dead pixel or a
+tool's "no reading" would otherwise become an arbitrary colour after normalisation.
 """
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import tifffile
-from PIL import Image
+from PIL import Image, ImageOps
 
 from thermal2visible.errors import PipelineError
 
@@ -52,10 +58,12 @@ def _decode_pillow(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     _check_size(image.width, image.height, source, max_pixels)
     try:
         image.load()
+        image = ImageOps.exif_transpose(image)
     except Exception as error:
         raise BadImage(source, f"truncated or corrupt {image.format} data ({error})") from None
-    if image.mode in ("1", "P"):  # bilevel and palette images have no sample depth of their own
-        image = image.convert("L" if image.mode == "1" else "RGB")
+    if image.mode in ("1", "P", "PA"):  # bilevel and palette images have no sample depth of their own
+        transparent = image.mode == "PA" or "transparency" in image.info
+        image = image.convert("L" if image.mode == "1" else "RGBA" if transparent else "RGB")
     return np.asarray(image)
 
 
@@ -76,20 +84,45 @@ def _decode_tiff(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     return np.moveaxis(pixels, axes.index("S"), -1) if "S" in axes else pixels
 
 
+ALPHA_LAYOUTS = {2: "grey+alpha", 4: "RGBA"}
+
+
+def _without_alpha(pixels: np.ndarray, source: str) -> np.ndarray:
+    alpha = pixels[:, :, -1]
+    opaque = 1.0 if pixels.dtype.kind == "f" else np.iinfo(pixels.dtype).max
+    see_through = int(np.count_nonzero(alpha != opaque))
+    if see_through:
+        row, col = np.argwhere(alpha != opaque)[0]
+        raise BadImage(source, f"{ALPHA_LAYOUTS[pixels.shape[2]]} ({pixels.shape[2]} channels) with {see_through} "
+                               f"transparent pixel(s), first at row {row}, column {col}; flatten it onto a "
+                               "background first (an opaque alpha channel is dropped)")
+    return pixels[:, :, :-1]
+
+
 def _checked(pixels: np.ndarray, source: str) -> np.ndarray:
-    if pixels.dtype.kind != "u" or pixels.dtype.itemsize not in (1, 2):
-        raise BadImage(source, f"{pixels.dtype} samples; expected 8- or 16-bit unsigned integers")
-    pixels = pixels.astype(np.uint8 if pixels.dtype.itemsize == 1 else np.uint16, copy=False)  # native byte order
+    if pixels.dtype.kind == "f":
+        pixels = pixels.astype(pixels.dtype.newbyteorder("="), copy=False)
+    elif pixels.dtype.kind == "u" and pixels.dtype.itemsize in (1, 2):
+        pixels = pixels.astype(np.uint8 if pixels.dtype.itemsize == 1 else np.uint16, copy=False)  # native order
+    else:
+        raise BadImage(source, f"{pixels.dtype} samples; expected 8- or 16-bit unsigned integers or floats")
+    if pixels.ndim == 3 and pixels.shape[2] in ALPHA_LAYOUTS:
+        pixels = _without_alpha(pixels, source)
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]
     if pixels.ndim == 3 and pixels.shape[2] != 3 or pixels.ndim not in (2, 3):
         channels = pixels.shape[2] if pixels.ndim == 3 else f"shape {pixels.shape}"
-        raise BadImage(source, f"{channels} channels; expected 1 (grey) or 3 (RGB)")
+        raise BadImage(source, f"{channels} channels; expected 1 (grey), 3 (RGB) or either with an opaque alpha")
+    if pixels.dtype.kind == "f" and not np.isfinite(pixels).all():
+        bad = ~np.isfinite(pixels)
+        row, col = np.argwhere(bad)[0][:2]
+        raise BadImage(source, f"{int(np.count_nonzero(bad))} NaN/inf value(s), first at row {row}, column {col}: "
+                               "a temperature map must be finite everywhere (fill or mask dead pixels first)")
     return pixels
 
 
 def decode_image(data: bytes, source: str, max_pixels: int) -> np.ndarray:
-    """HxW (grey) or HxWx3 (RGB) array, uint8 or uint16; raises BadImage naming `source` and the reason."""
+    """HxW (grey) or HxWx3 (RGB) array, uint8, uint16 or float (finite); raises BadImage naming `source` and why."""
     if not data:
         raise BadImage(source, "empty file (0 bytes)")
     if data.startswith(TIFF_MAGICS):

@@ -152,6 +152,10 @@ def _inspect(root: Path, entry: dict, layout: str, max_pixels: int, problems: li
     except BadImage as error:
         problems.append(Problem(error.source, error.reason))
         return None
+    if visible.dtype.kind == "f":
+        problems.append(Problem(str(root / entry["visible"]), f"visible image has {visible.dtype} samples; expected "
+                                "8- or 16-bit integers (floats are for thermal temperature maps)"))
+        return None
     if thermal.shape[:2] != visible.shape[:2]:
         (t_height, t_width), (v_height, v_width) = thermal.shape[:2], visible.shape[:2]
         problems.append(Problem(str(root / entry["thermal"]), f"thermal is {t_width}x{t_height} but its visible "

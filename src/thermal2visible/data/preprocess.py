@@ -5,6 +5,9 @@ training data and serving uses it for requests, so both see exactly the same cro
 """
 from __future__ import annotations
 
+import re
+from pathlib import PurePosixPath
+
 import numpy as np
 from skimage.filters import threshold_otsu
 from skimage.measure import label, regionprops
@@ -12,12 +15,21 @@ from skimage.transform import resize
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
+from thermal2visible.pixels import unit
 
 Box = tuple[int, int, int]  # top, left, side of a square
 
 
+def preprocess_config(settings: dict) -> PreprocessConfig:
+    """The preprocess section as stored with a model or a cache (JSON: lists for tuples) -> PreprocessConfig.
+    Keys a model made before a setting existed take that setting's default."""
+    return PreprocessConfig(**{key: tuple(value) if isinstance(value, list) else value
+                               for key, value in settings.items()})
+
+
 def thermal_counts(image: np.ndarray) -> np.ndarray:
-    """float32 HxWxC in 16-bit counts; 8-bit thermal is stretched to the same range (x257: 255 -> 65535)."""
+    """float32 HxWxC: integer frames in 16-bit counts (8-bit stretched x257: 255 -> 65535); float temperature
+    maps in their own unit (°C or K, as the radiometric tool wrote them)."""
     counts = image.astype(np.float32) * (257.0 if image.dtype == np.uint8 else 1.0)
     return counts[:, :, None] if counts.ndim == 2 else counts
 
@@ -59,26 +71,40 @@ def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
     return np.clip(resized, 0.0, 1.0).astype(np.float32)
 
 
+def check_thermal_kind(image: np.ndarray, cfg: PreprocessConfig) -> None:
+    """A frame's kind must fit the normalisation: `temperature` ranges are in a float map's unit, `fixed`
+    ranges in integer counts; mixing them would map every pixel to 0 or 1 without a word."""
+    is_float = image.dtype.kind == "f"
+    if cfg.thermal_norm == "temperature" and not is_float:
+        raise PipelineError(f"{image.dtype} thermal counts, but preprocess.thermal_norm: temperature maps a "
+                            "float temperature map (use thermal_norm: fixed or percentile for integer frames)")
+    if cfg.thermal_norm == "fixed" and is_float:
+        raise PipelineError(f"{image.dtype} temperature map, but preprocess.fixed_range is in integer counts "
+                            "(use thermal_norm: temperature with temperature_range, or percentile)")
+
+
 def normalise(counts: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
-    """Radiometric counts -> [0, 1]: per-image percentiles, or a fixed range of counts shared by all images."""
+    """Thermal values -> [0, 1]: per-image percentiles, a fixed range of raw counts, or a fixed temperature range
+    in the map's unit (the same temperature is the same grey in every frame)."""
     if cfg.thermal_norm == "percentile":
         low, high = np.percentile(counts, cfg.percentiles)
     else:
-        low, high = cfg.fixed_range
-    return np.clip((counts - low) / max(high - low, 1.0), 0.0, 1.0)
+        low, high = cfg.temperature_range if cfg.thermal_norm == "temperature" else cfg.fixed_range
+    if high <= low:  # a flat frame: nothing to stretch
+        return np.zeros_like(counts)
+    return np.clip((counts - low) / (high - low), 0.0, 1.0)
 
 
 def prepare_thermal(image: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
-    """A uint8/uint16 HxW or HxWxC thermal frame -> float32 (S, S, C) in [0, 1]."""
+    """A uint8/uint16/float HxW or HxWxC thermal frame -> float32 (S, S, C) in [0, 1]."""
+    check_thermal_kind(image, cfg)
     square = _square(thermal_counts(image), crop_box(image, cfg))
     return _resize(normalise(square, cfg), cfg.image_size)
 
 
 def prepare_visible(image: np.ndarray, thermal: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
-    """The visible partner of `thermal` -> float32 (S, S, C) in [0, 1], cut to the same box."""
-    pixels = image.astype(np.float32) / 255.0
-    pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
-    return _resize(_square(pixels, crop_box(thermal, cfg)), cfg.image_size)
+    """The visible partner of `thermal` (uint8 or uint16) -> float32 (S, S, C) in [0, 1], cut to the same box."""
+    return _resize(_square(unit(image), crop_box(thermal, cfg)), cfg.image_size)
 
 
 def _counts(total: int, cfg: PreprocessConfig, what: str) -> tuple[int, int]:
@@ -90,8 +116,18 @@ def _counts(total: int, cfg: PreprocessConfig, what: str) -> tuple[int, int]:
     return n_val, n_test
 
 
-def assign_splits(identities: list[str | None], hints: list[str | None], cfg: PreprocessConfig) -> list[str]:
-    """Split of each pair: its folder hint when it has one, else `split_by` over the pairs without one."""
+def sequence_of(relative: str) -> str:
+    """The sequence (video, burst) a frame belongs to: its folder plus its file name without the trailing frame
+    number, so `thermal/anna/walk_0001.png` and `thermal/anna/walk_0002.png` are both `thermal/anna/walk`, and
+    every frame of a folder of bare numbers (`clip7/0001.png`) belongs to `clip7`."""
+    path = PurePosixPath(relative)
+    return (path.parent / re.sub(r"[-_. ]*\d+$", "", path.stem)).as_posix()
+
+
+def assign_splits(identities: list[str | None], hints: list[str | None], cfg: PreprocessConfig,
+                  sequences: list[str] | None = None) -> list[str]:
+    """Split of each pair: its folder hint when it has one, else `split_by` over the pairs without one
+    (`identity`, `sequence` (from `sequence_of`): whole groups go to one split; `random`: each pair alone)."""
     free = [i for i, hint in enumerate(hints) if hint is None]
     splits = list(hints)
     rng = np.random.default_rng(cfg.seed)
@@ -99,15 +135,14 @@ def assign_splits(identities: list[str | None], hints: list[str | None], cfg: Pr
         missing = [i for i in free if identities[i] is None]
         if missing:
             raise PipelineError(f"preprocess.split_by: identity needs an identity folder for every pair; "
-                                f"{len(missing)} pairs have none (use split_by: random)")
-        units = sorted({identities[i] for i in free})
-        unit_of = {i: identities[i] for i in free}
-    else:
-        units = free
-        unit_of = {i: i for i in free}
+                                f"{len(missing)} pairs have none (use split_by: sequence or random)")
+    groups = {"identity": identities, "sequence": sequences, "random": range(len(hints))}[cfg.split_by]
+    unit_of = {i: groups[i] for i in free}
+    units = sorted(set(unit_of.values()))
     if not units:
         return splits
-    n_val, n_test = _counts(len(units), cfg, "identities" if cfg.split_by == "identity" else "pairs")
+    what = {"identity": "identities", "sequence": "sequences", "random": "pairs"}[cfg.split_by]
+    n_val, n_test = _counts(len(units), cfg, what)
     order = [units[k] for k in rng.permutation(len(units))]
     split_of = {unit: "test" if k < n_test else "val" if k < n_test + n_val else "train"
                 for k, unit in enumerate(order)}

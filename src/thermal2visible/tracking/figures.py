@@ -10,16 +10,18 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger
 
+from thermal2visible.pixels import from_model, quantise
+
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 
 def _as_rgb(images: torch.Tensor) -> np.ndarray:
     """(B,C,S,S) in [-1,1], C 1 or 3 -> (B,S,S,3) uint8."""
-    unit = ((images.detach().float().cpu() + 1) / 2).clamp(0, 1)
+    unit = from_model(images.detach().float().cpu())
     if unit.shape[1] == 1:
         unit = unit.expand(-1, 3, -1, -1)
-    return (unit.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    return quantise(unit.permute(0, 2, 3, 1).numpy(), np.uint8)
 
 
 def comparison_grid(thermal: torch.Tensor, generated: torch.Tensor, real: torch.Tensor, gap: int = 2) -> np.ndarray:

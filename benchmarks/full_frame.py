@@ -1,0 +1,83 @@
+"""Full-frame translation: `pad` (one fully convolutional pass) against `tile` (overlapping training-size tiles),
+with the old centre-square-stretched-to-the-frame as the reference, on the test pairs of a built cache.
+
+    python benchmarks/full_frame.py --onnx models/generator.onnx --cache data/cache --out reports/full_frame.json
+
+PSNR (dB, [0, 1] images, mean over frames) on the test faces as they are (square) and on two and three test faces
+side by side (2:1 and 3:1: the wide frames where the methods differ; a frame is scaled by image_size / its shorter
+side, so every square frame is one training view); latency (median ms, onnxruntime on this CPU) on a Lepton
+160x120 and a Boson 640x512 frame.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from skimage.metrics import peak_signal_noise_ratio
+from skimage.transform import resize
+
+from thermal2visible.config import PreprocessConfig
+from thermal2visible.data.cache import raw_pairs
+from thermal2visible.data.preprocess import prepare_thermal, preprocess_config
+from thermal2visible.export import median_latency_ms, run_onnx
+from thermal2visible.frames import translate_frame
+from thermal2visible.pixels import from_model, nhwc, to_model, unit
+from thermal2visible.serving import onnx_metadata, onnx_session
+
+
+def stretched(generate, frame: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """The translation before full-frame: the centre square's output resized over the whole frame."""
+    square = from_model(nhwc(generate(to_model(prepare_thermal(frame, cfg))))[0])
+    return resize(square, (*frame.shape[:2], square.shape[2]), anti_aliasing=False)
+
+
+def side_by_side(pairs: list[tuple[np.ndarray, np.ndarray]], count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Consecutive groups of `count` pairs, each joined left to right into one wide (thermal, visible) pair."""
+    groups = [pairs[k:k + count] for k in range(0, len(pairs) - count + 1, count)]
+    return [tuple(np.hstack(images) for images in zip(*group)) for group in groups]
+
+
+def machine() -> str:
+    match = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+    return match.group(1) if match else "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--onnx", type=Path, default=Path("models/generator.onnx"))
+    parser.add_argument("--cache", type=Path, default=Path("data/cache"))
+    parser.add_argument("--out", type=Path, default=Path("reports/full_frame.json"))
+    args = parser.parse_args()
+    session = onnx_session(args.onnx)
+    metadata = onnx_metadata(session)
+    cfg = preprocess_config(metadata["preprocess"])
+
+    def generate(batch: np.ndarray) -> np.ndarray:
+        return run_onnx(session, batch)
+
+    methods = {"pad": lambda frame: translate_frame(generate, frame, cfg, "pad"),
+               "tile": lambda frame: translate_frame(generate, frame, cfg, "tile"),
+               "stretch (before)": lambda frame: stretched(generate, frame, cfg)}
+    pairs = list(raw_pairs(args.cache, "test"))
+    report = {"machine": machine(), "image_size": cfg.image_size,
+              "test_pairs": len(pairs), "psnr_db": {}, "latency_ms": {}}
+    layouts = {f"{count} side by side ({count}:1)": side_by_side(pairs, count) for count in (1, 2, 3)}
+    for layout, frames in layouts.items():
+        report["psnr_db"][layout] = {
+            name: round(float(np.mean([peak_signal_noise_ratio(unit(visible), method(thermal), data_range=1.0)
+                                       for thermal, visible in frames])), 2) for name, method in methods.items()}
+    rng = np.random.default_rng(0)
+    for height, width in ((120, 160), (512, 640)):
+        frame = rng.integers(29_000, 31_000, (height, width), dtype=np.uint16)
+        report["latency_ms"][f"{width}x{height}"] = {
+            name: round(median_latency_ms(method, frame, repeats=10), 1) for name, method in methods.items()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

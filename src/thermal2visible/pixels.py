@@ -1,0 +1,49 @@
+"""The one conversion between image pixels and the generator's space.
+
+Images are HxW, HxWxC or NxHxWxC arrays: uint8 (0..255), uint16 (0..65535) or float already in [0, 1].
+The generator reads and writes float32 NCHW in [-1, 1]. The cache writer, preprocessing, export, serving, metrics
+and figures convert through here, so an 8-bit and a 16-bit image of the same scene reach the model as the same
+numbers, and a 16-bit visible image can never be read as 255x too bright.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FULL_SCALE = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}
+
+
+def unit(image: np.ndarray) -> np.ndarray:
+    """uint8 / uint16 / float [0,1] pixels -> float32 in [0, 1], same shape; grey HxW gains a channel axis."""
+    image = np.asarray(image)
+    if image.dtype.kind == "f":
+        scaled = image.astype(np.float32, copy=False)
+    elif image.dtype in FULL_SCALE:
+        scaled = image.astype(np.float32) / FULL_SCALE[image.dtype]
+    else:
+        raise TypeError(f"{image.dtype} pixels: expected uint8, uint16 or float in [0, 1]")
+    return scaled[:, :, None] if scaled.ndim == 2 else scaled
+
+
+def to_model(images: np.ndarray) -> np.ndarray:
+    """HxW[xC] or NxHxWxC pixels (uint8 / uint16 / float [0,1]) -> contiguous float32 NCHW in [-1, 1]."""
+    scaled = unit(images)
+    batch = scaled[None] if scaled.ndim == 3 else scaled
+    return np.ascontiguousarray(batch.transpose(0, 3, 1, 2) * 2.0 - 1.0, dtype=np.float32)
+
+
+def quantise(scaled: np.ndarray, dtype) -> np.ndarray:
+    """[0, 1] floats -> uint8 / uint16 at that type's full scale, rounded (values outside [0, 1] clipped)."""
+    return np.round(np.clip(scaled, 0.0, 1.0) * FULL_SCALE[np.dtype(dtype)]).astype(dtype)
+
+
+def from_model(output, dtype=None):
+    """Generator output in [-1, 1] -> [0, 1], clipped, same layout and type (numpy array or torch tensor).
+
+    With dtype np.uint8 or np.uint16 (numpy only): `quantise`d to that type."""
+    scaled = ((output + 1) / 2).clip(0, 1)
+    return scaled if dtype is None else quantise(scaled, dtype)
+
+
+def nhwc(batch: np.ndarray) -> np.ndarray:
+    """NCHW (the model's layout) -> NHWC (an image's)."""
+    return batch.transpose(0, 2, 3, 1)

@@ -1,0 +1,66 @@
+"""translate_frame: any size back at its size, in register with the input, face box pasted back where it was.
+
+The network here is the identity (thermal grey copied to RGB): a real function whose right answer is known, so
+any shift, stretch or seam the full-frame machinery adds shows in the output.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+from skimage.transform import resize
+
+from thermal2visible.config import PreprocessConfig
+from thermal2visible.data.preprocess import crop_box, normalise, prepare_thermal, thermal_counts
+from thermal2visible.frames import translate_frame
+from thermal2visible.pixels import from_model, nhwc, to_model
+
+CFG = PreprocessConfig(image_size=16, face_crop=False, thermal_norm="fixed", fixed_range=(0.0, 65535.0))
+
+
+def identity(batch: np.ndarray) -> np.ndarray:
+    return np.repeat(batch, 3, axis=1)
+
+
+def scene(height: int, width: int) -> np.ndarray:
+    """A smooth 16-bit frame with a warm square a third of the way in: content whose place can be checked."""
+    rows, cols = np.mgrid[0:height, 0:width]
+    frame = 20_000 + 20_000 * (rows / height) * (cols / width)
+    frame[height // 3:height // 3 + height // 4, width // 3:width // 3 + width // 5] = 60_000
+    return frame.astype(np.uint16)
+
+
+@pytest.mark.parametrize("method", ["tile", "pad"])
+@pytest.mark.parametrize("height, width", [(120, 160), (512, 640), (33, 97), (16, 16), (10, 7)])
+def test_same_size_and_in_register(method, height, width):
+    frame = scene(height, width)
+    visible = translate_frame(identity, frame, CFG, method)
+    assert visible.shape == (height, width, 3) and visible.dtype == np.float32
+    expected = normalise(thermal_counts(frame), CFG)[:, :, 0]
+    # The frame is scaled to the model's size and back: equal up to that resampling's blur at the edges.
+    inside = np.abs(visible[:, :, 0] - expected)
+    assert np.median(inside) < 0.01 and np.percentile(inside, 90) < 0.1
+    rows, cols = np.nonzero(visible[:, :, 0] > visible[:, :, 0].max() - 0.1)  # the warm square
+    assert abs(rows.mean() - (height // 3 + height // 8)) <= max(2, height / 16)
+    assert abs(cols.mean() - (width // 3 + width // 10)) <= max(2, width / 16)
+
+
+def striped(batch: np.ndarray) -> np.ndarray:
+    """The identity with every other column of the model's pixels black: the stripes' width in the output shows
+    at which scale a region went through the network."""
+    out = identity(batch)
+    out[..., ::2] = -1.0
+    return out
+
+
+def test_face_crop_is_pasted_back_into_its_box():
+    frame = np.full((60, 90), 29_500, np.uint16)
+    frame[10:30, 50:70] = 30_800  # the warm face
+    cfg = dataclasses.replace(CFG, face_crop=True, crop_margin=0.25, thermal_norm="percentile")
+    top, left, side = crop_box(frame, cfg)
+    assert (top, left, side) == (5, 45, 30)
+    visible = translate_frame(striped, frame, cfg)
+    face = from_model(nhwc(striped(to_model(prepare_thermal(frame, cfg))))[0])  # the face as training saw it
+    np.testing.assert_allclose(visible[top:top + side, left:left + side], resize(face, (side, side, 3)), atol=1e-5)
+    stripes = visible[:, :, 0] == 0  # the full frame around it went through at the frame's own scale
+    assert stripes[:, :left].any() and not np.array_equal(stripes[top:top + side, :side], stripes[top:top + side,
+                                                                                                  left:left + side])
