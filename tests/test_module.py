@@ -12,8 +12,8 @@ from thermal2visible.config import ModelConfig, Params, TrainConfig
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.training import trainer as trainer_module
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, gan_loss, linear_decay, scaled_lr
-from thermal2visible.training.trainer import (STAMP, GanDDPStrategy, build_trainer, find_resume, per_process_batch,
-                                              resolve_precision, run_fingerprint)
+from thermal2visible.checkpoints import STAMP, find_resume, run_fingerprint
+from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch, resolve_precision
 
 TINY_MODEL = ModelConfig(ngf=4, ndf=4, norm="batch", dropout=0.5)
 SIZE = 16

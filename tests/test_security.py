@@ -21,11 +21,11 @@ from servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
 from thermal2visible.errors import ConfigError, PipelineError
-from thermal2visible.models.generator import load_generator
+from thermal2visible.checkpoints import load_generator
 from thermal2visible.models.recognizer import load_recognizer
 from thermal2visible.serving import ServingError, bad_request, decode_row, max_encoded_length, pyfunc_arguments
 from thermal2visible.tracking import tracking_uri
-from thermal2visible.training.trainer import find_resume
+from thermal2visible.checkpoints import find_resume
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [*(REPO / "src").rglob("*.py"), *(REPO / "pipelines").rglob("*.py"), *(REPO / "benchmarks").glob("*.py"),

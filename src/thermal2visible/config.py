@@ -101,6 +101,7 @@ class TrainConfig:
     max_bad_steps: int = 10
     image_log_every: int = 5
     seed: int = 0
+    test_mode: Literal["eval", "train"] = "eval"
 
 
 @dataclass(frozen=True)

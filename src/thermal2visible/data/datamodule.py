@@ -6,7 +6,8 @@ The pix2pix jitter enlarges the training split once and crops each batch from it
 With `loader.preload` the training set is copied to the device once in `setup` (paper §3.3.2) and a batch is
 one index into it. A batch is always one fancy index (`__getitems__`), never a Python
 loop over samples. Under DDP, Lightning swaps the shuffling sampler for a DistributedSampler, so each rank
-draws a distinct shard of every epoch.
+draws a distinct shard of every epoch; validation and test shards are unpadded (`UnrepeatedDistributedSampler`),
+so every image is scored exactly once across the ranks, however many there are.
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from thermal2visible.errors import PipelineError
 from thermal2visible.config import LoaderConfig
+from thermal2visible.errors import PipelineError
 from thermal2visible.data.cache import load_manifest, load_split
 from thermal2visible.data.ingest import SPLITS
 
@@ -139,9 +141,15 @@ class PairedDataModule(LightningDataModule):
         # Preloaded batches already sit on the device: workers or pinned copies would only add work.
         preloaded = training and self.loader.preload
         workers = 0 if preloaded else self.loader.num_workers
+        sampler = None
+        if not training and self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning's own DistributedSampler pads the last shard with repeats; Lightning keeps a sampler
+            # that is already distributed.
+            sampler = UnrepeatedDistributedSampler(self.splits[split], self.trainer.world_size,
+                                                   self.trainer.global_rank, shuffle=False)
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=training, drop_last=training,
-                          collate_fn=_batch_as_is, num_workers=workers, persistent_workers=workers > 0,
-                          pin_memory=self.loader.pin_memory and not preloaded)
+                          sampler=sampler, collate_fn=_batch_as_is, num_workers=workers,
+                          persistent_workers=workers > 0, pin_memory=self.loader.pin_memory and not preloaded)
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader("train")
