@@ -4,18 +4,17 @@ Losses are means over the batch and over the PatchGAN map. Under DDP every proce
 global batch and DDP averages the gradients, so the mean of the per-process means is the mean over the global
 batch: without batch norm and random draws, two processes take the same step as one process with the whole batch
 (tests/test_ddp.py). With them, two processes differ from one as the paper's multi-GPU runs do: batch norm
-normalises each process's share, and each rank draws its own crops and dropout masks (`seed_streams`).
+normalises each process's share, and each rank draws its own crops and dropout masks
+(checkpoints.RandomStreams).
 """
 from __future__ import annotations
 
 import copy
 import math
-import random
 import time
 from contextlib import contextmanager
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
@@ -30,22 +29,6 @@ from thermal2visible.models.generator import UNetGenerator, as_tested
 
 class TrainingDiverged(PipelineError):
     """Too many steps with a non-finite loss or gradient."""
-
-
-def seed_streams(seed: int, rank: int, epoch: int) -> None:
-    """Seed torch (CPU and CUDA), numpy and random from (seed, rank, epoch).
-
-    Per rank: under DDP every rank draws its own jitter crops, flips and dropout masks (the initial weights are
-    equal anyway: every rank builds the module after the same `seed_everything`, and DDP broadcasts rank 0's).
-    Per epoch: a checkpoint is taken at an epoch's end, so a resumed run draws exactly what the uninterrupted run
-    draws; the random state is a function of what the checkpoint holds rather than a copy of it, and so holds for
-    every rank, not just the one that writes the file. (Not `seed_everything`: it also sets PL_GLOBAL_SEED, which
-    must stay equal on all ranks, because Lightning seeds its DistributedSampler with it.)
-    """
-    value = int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0])
-    random.seed(value)
-    np.random.seed(value)
-    torch.manual_seed(value)
 
 
 def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
@@ -205,8 +188,6 @@ class Pix2Pix(LightningModule):
         return losses
 
     def on_train_epoch_start(self) -> None:
-        # Before the epoch's loader draws its shuffle: see `seed_streams`.
-        seed_streams(self.cfg.seed, self.global_rank, self.current_epoch)
         self.images_seen = 0
         self.epoch_started = time.perf_counter()
 

@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
-from thermal2visible.checkpoints import AtomicCheckpointIO
+from thermal2visible.checkpoints import AtomicCheckpointIO, RandomStreams
 from thermal2visible.config import Params, TrainConfig
 from thermal2visible.errors import ConfigError
 
@@ -110,7 +110,8 @@ def build_strategy(train: TrainConfig, accelerator: str):
 
 def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger: Logger | bool = False,
                   **overrides) -> Trainer:
-    """A Trainer for `train`; `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
+    """A Trainer for `train`, with per-rank random streams kept in its checkpoints (checkpoints.RandomStreams);
+    `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
     accelerator = resolve_accelerator(train.accelerator)
     if train.sync_batchnorm and accelerator == "cpu":
         raise ConfigError("train.sync_batchnorm: SyncBatchNorm needs GPUs (torch raises on CPU); set it to false")
@@ -118,7 +119,7 @@ def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger
         accelerator=accelerator, devices=train.devices, num_nodes=train.num_nodes,
         strategy=build_strategy(train, accelerator), precision=resolve_precision(train.precision, accelerator),
         sync_batchnorm=train.sync_batchnorm, min_epochs=train.min_epochs, max_epochs=train.max_epochs,
-        callbacks=list(callbacks), logger=logger, plugins=[AtomicCheckpointIO()],
+        callbacks=[*callbacks, RandomStreams(train.seed)], logger=logger, plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
         num_sanity_val_steps=0, enable_model_summary=False, enable_progress_bar=False, log_every_n_steps=1,
     )
