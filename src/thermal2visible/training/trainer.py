@@ -60,9 +60,9 @@ def refuse_unworkable(params: Params, manifest: dict) -> None:
     counts, world = manifest["counts"], world_size(params.train)
     if counts["val"] == 0:
         raise ConfigError(
-            f"the validation split is empty (preprocess.val_fraction: {params.preprocess.val_fraction}; with "
-            f"data.layout: side_by_side, a val/ folder in {params.data.source}): early stopping picks the model by "
-            "validation PSNR, so training could never choose one")
+            f"the validation split is empty (the cache was made with preprocess.val_fraction: "
+            f"{manifest['preprocess']['val_fraction']}; with data.layout: side_by_side, {params.data.source} needs a "
+            "val/ folder): early stopping picks the model by validation PSNR, so training could never choose one")
     if counts["val"] < world:
         raise ConfigError(f"train.devices x num_nodes: each of the {world} processes validates its own share of the "
                           f"{counts['val']} validation image(s) and needs at least one; raise preprocess.val_fraction "
