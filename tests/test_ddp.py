@@ -99,8 +99,9 @@ def one_face_cache(tiny_cache: Path, folder: Path, val_images: int) -> Path:
     shutil.copytree(tiny_cache, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     for kind in ("thermal", "visible", "identity"):
-        train = np.load(folder / f"train_{kind}.npy")
-        np.save(folder / f"train_{kind}.npy", np.repeat(train[:1], 8, axis=0))
+        for name in ("train", "jitter"):  # the training split, at the image size and at the jitter side
+            train = np.load(folder / f"{name}_{kind}.npy")
+            np.save(folder / f"{name}_{kind}.npy", np.repeat(train[:1], 8, axis=0))
         pool = np.concatenate([np.load(folder / f"{split}_{kind}.npy") for split in ("val", "test")])
         np.save(folder / f"val_{kind}.npy", pool[:val_images])
     manifest["counts"] |= {"train": 8, "val": val_images}
@@ -123,7 +124,7 @@ def train_ranks(cache: Path, out: Path) -> None:
     seed_everything(0, verbose=False)
     train = TrainConfig(batch_size=4, devices=2, accelerator="cpu", precision="32-true", channels_last=False,
                         fused_adam=False, max_epochs=2)
-    data = PairedDataModule(cache, per_process_batch(train), LoaderConfig(jitter=True, jitter_scale=1.25))
+    data = PairedDataModule(cache, per_process_batch(train), LoaderConfig(jitter=True))
     module = Pix2Pix(ModelConfig(ngf=8, ndf=8, norm="batch", dropout=0.5), train, 32, data.thermal_channels,
                      data.visible_channels)
     seen = Seen()

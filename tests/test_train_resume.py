@@ -125,7 +125,7 @@ def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, 
                  "loader.preload=false", "model.recompute=true")
     kept = start(root)
     assert kept.wait(timeout=240) == 0 and "continued from checkpoints/last.ckpt" in kept.communicate()[0]
-    write_params(root, *SETTINGS, *short, "loader.jitter_scale=1.25")
+    write_params(root, *SETTINGS, *short, "loader.jitter=false")
     afresh = start(root)
     output = afresh.communicate(timeout=240)[0]
     assert afresh.returncode == 0 and "belongs to another run" in output and "continued from" not in output, output

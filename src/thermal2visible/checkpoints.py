@@ -53,8 +53,8 @@ STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint conti
 # every key of these sections is classed here or in NOT_DEFINING, so a new key cannot be forgotten.
 WEIGHT_DEFINING = {
     "preprocess": ("image_size", "face_crop", "crop_margin", "thermal_norm", "percentiles", "fixed_range",
-                   "split_by", "val_fraction", "test_fraction", "seed"),
-    "loader": ("jitter", "jitter_scale"),
+                   "split_by", "val_fraction", "test_fraction", "seed", "jitter_scale"),
+    "loader": ("jitter",),
     "model": ("ngf", "ndf", "norm", "dropout"),
     "train": ("batch_size", "base_batch_size", "lr_scaling", "lr_g", "lr_d", "beta1", "beta2", "gan_mode",
               "lambda_l1", "lambda_id", "lr_decay_epochs", "min_epochs", "max_epochs", "precision", "devices",
