@@ -164,7 +164,6 @@ class Pix2Pix(LightningModule):
         opt_d.step()
 
         # Generator: fool the just-updated discriminator, stay close to the real face, keep the person's identity.
-        # D's own module, frozen: this backward touches no D weight, so D's DDP wrapper stays out of it.
         losses = {"loss_d": loss_d, **self.generator_losses(thermal, real, fake, batch)}
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(losses["loss_g"])
@@ -178,6 +177,7 @@ class Pix2Pix(LightningModule):
 
     def generator_losses(self, thermal: torch.Tensor, real: torch.Tensor, fake: torch.Tensor,
                          batch: dict) -> dict[str, torch.Tensor]:
+        # D's own module, frozen: this backward touches no D weight, so D's DDP wrapper stays out of it.
         with frozen(self.discriminator):
             loss_gan = gan_loss(self.discriminator(thermal, fake), True, self.cfg.gan_mode)
         loss_l1 = F.l1_loss(fake.float(), real.float())
