@@ -5,6 +5,7 @@ file run as a script (`python tests/test_ddp.py DEVICES OUT`), and the pipeline 
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,7 +163,13 @@ def test_two_process_training_run_logs_one_mlflow_run(tmp_path, tiny_cache, writ
     result = subprocess.run([sys.executable, str(REPO / "pipelines" / "train.py")], cwd=tmp_path, env=clean_env(),
                             capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Starting with 2 processes" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "Starting with 2 processes" in output
+    digests = re.findall(r"rank (\d) of 2 stopped at epoch 2; generator weights (\w+)", output)
+    assert len(digests) == 2 and digests[0][1] == digests[1][1]  # in lock-step
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    streams = next(state for key, state in checkpoint["callbacks"].items() if "RandomStreams" in key)["ranks"]
+    assert len(streams) == 2 and not torch.equal(streams[0]["torch"], streams[1]["torch"])  # each rank's own
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
