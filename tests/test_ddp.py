@@ -116,7 +116,8 @@ def val_psnr(generator: torch.nn.Module, cache: Path) -> float:
     data.setup("validate")
     batch = model_batch(next(iter(data.val_dataloader())))
     with torch.no_grad():
-        return image_scores(to_unit(generator.eval()(batch["thermal"])), to_unit(batch["visible"]))["psnr"].mean().item()
+        generated = generator.eval()(batch["thermal"])
+    return image_scores(to_unit(generated), to_unit(batch["visible"]))["psnr"].mean().item()
 
 
 def train_ranks(cache: Path, out: Path) -> None:

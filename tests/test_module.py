@@ -217,11 +217,9 @@ def test_run_fingerprint_changes_with_what_defines_the_weights_and_nothing_else(
     base = Params()
     same = run_fingerprint(base, "data-md5")
     for section in WEIGHT_DEFINING:
-        config = getattr(base, section)
-        for key in WEIGHT_DEFINING[section]:
-            assert run_fingerprint(dataclasses.replace(base, **{section: changed(config, key)}), "data-md5") != same, key
-        for key in NOT_DEFINING[section]:
-            assert run_fingerprint(dataclasses.replace(base, **{section: changed(config, key)}), "data-md5") == same, key
+        for key in (*WEIGHT_DEFINING[section], *NOT_DEFINING[section]):
+            other = dataclasses.replace(base, **{section: changed(getattr(base, section), key)})
+            assert (run_fingerprint(other, "data-md5") != same) == (key in WEIGHT_DEFINING[section]), key
     assert run_fingerprint(base, "other-data") != same and run_fingerprint(base, "data-md5", "recognizer") != same
 
 

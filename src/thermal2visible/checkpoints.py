@@ -18,14 +18,15 @@ The protocol:
      and dropout masks the uninterrupted run draws, so it ends with the same weights.
   5. The best generator is written only once a checkpoint records its epoch as the best (see
      PsnrEarlyStopping._keep_best), so a kill never leaves a best file the resumed run disagrees with.
+  6. An epoch's metrics reach MLflow only once its checkpoint exists, and a resumed run logs those the checkpoint
+     holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
 
-The generator payload (`save_generator` / `load_generator`) is the one format evaluate, export, translate and
-serving read: {"state_dict", "model" (UNetGenerator's arguments), "test_mode", + metadata: epoch, psnr,
-psnr_smoothed, preprocess, mlflow_run_id, data_hash}.
+The generator payload (`save_generator` / `load_generator`) is the one format evaluate and export read (translate
+and serving run its ONNX export): {"state_dict", "model" (UNetGenerator's arguments), "test_mode", + metadata:
+epoch, psnr, psnr_smoothed, preprocess, mlflow_run_id, data_hash}.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os

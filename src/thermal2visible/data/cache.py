@@ -65,8 +65,8 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             for name in outputs:
                 np.save(out_dir / f"{name}_identity.npy", labels)
     manifest = {"image_size": size, "jitter_size": jitter.image_size, "thermal_channels": channels[0],
-                "visible_channels": channels[1], "identities": identities, "counts": counts, "preprocess": dataclasses.asdict(cfg),
-                "sources": sources}
+                "visible_channels": channels[1], "identities": identities, "counts": counts,
+                "preprocess": dataclasses.asdict(cfg), "sources": sources}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 

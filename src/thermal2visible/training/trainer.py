@@ -68,7 +68,7 @@ def refuse_unworkable(params: Params, manifest: dict) -> None:
                           f"{counts['val']} validation image(s) and needs at least one; raise preprocess.val_fraction "
                           "or use fewer processes")
     if params.train.lambda_id > 0:
-        unlabelled = sum(1 for source in manifest["sources"] if source["split"] == "train" and source["identity"] is None)
+        unlabelled = sum(source["split"] == "train" and source["identity"] is None for source in manifest["sources"])
         if unlabelled:
             raise ConfigError(f"train.lambda_id: {params.train.lambda_id} needs the identity of every training pair, "
                               f"but {unlabelled} have no identity folder (put each person's images in their own "
