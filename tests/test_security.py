@@ -73,7 +73,7 @@ def torch_load_calls() -> list[tuple[Path, ast.Call]]:
 
 def test_every_checkpoint_load_is_weights_only():
     calls = torch_load_calls()
-    assert len(calls) >= 3  # trainer.find_resume, load_generator, load_recognizer at least
+    assert len(calls) >= 3  # checkpoints.find_resume and load_generator, load_recognizer at least
     for path, call in calls:
         assert any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in call.keywords), \
             f"{path.relative_to(REPO)}:{call.lineno}: {ast.unparse(call)}"
