@@ -15,11 +15,12 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from lightning.pytorch import Callback
 
 from thermal2visible.config import IngestConfig, PreprocessConfig, SynthesizeConfig
 from thermal2visible.data.cache import build_cache
-from thermal2visible.data.datamodule import enlarge, mirrored, random_windows
+from thermal2visible.data.datamodule import mirrored, random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 
@@ -122,9 +123,16 @@ class BatchClock(Callback):
         return statistics.median([b - a for a, b in zip(self.stamps, self.stamps[1:])][warmup - 1:])
 
 
+def enlarged(images: torch.Tensor, scale: float) -> torch.Tensor:
+    """Float NHWC images resized by `scale` (bilinear), as a loader without a cache resizes them every step."""
+    side = round(images.shape[1] * scale)
+    resized = F.interpolate(images.permute(0, 3, 1, 2), size=(side, side), mode="bilinear", align_corners=False)
+    return resized.permute(0, 2, 3, 1)
+
+
 def decoded_batch(pairs: list[tuple[np.ndarray, np.ndarray]], jitter_scale: float) -> dict[str, torch.Tensor]:
     """A batch as a loader without a cache makes it from freshly preprocessed float NHWC pairs: enlarged and cropped
     by the same pix2pix jitter as the datamodule's, then NCHW in [-1, 1]."""
-    enlarged = [mirrored(enlarge(torch.from_numpy(np.stack(images)), jitter_scale)) for images in zip(*pairs)]
-    windows = random_windows(enlarged, torch.arange(len(pairs)), side=pairs[0][1].shape[0])
+    enlarged_pairs = [mirrored(enlarged(torch.from_numpy(np.stack(images)), jitter_scale)) for images in zip(*pairs)]
+    windows = random_windows(enlarged_pairs, torch.arange(len(pairs)), side=pairs[0][1].shape[0])
     return {name: images.permute(0, 3, 1, 2) * 2 - 1 for name, images in zip(("thermal", "visible"), windows)}

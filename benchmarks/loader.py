@@ -1,7 +1,7 @@
 """Loader throughput (images/s, jitter included): the cached datamodule, with and without preload, against a
 loader that decodes, preprocesses and jitters the raw images every epoch; all on one core (1 torch thread).
-The preloaded path is also measured without the jitter, and profiled. The cache enlarges the training images once
-(`setup`) and jitters by cropping; the decode path must resample every image every epoch.
+The preloaded path is also measured without the jitter, and profiled. The cache holds the training images at the
+jitter side (preprocess) and jitters by cropping; the decode path must resample every image every epoch.
 
 Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.py, preprocess.py in turn).
 Prints the figures and writes reports/loader.json and reports/loader.png.   Usage: python benchmarks/loader.py
@@ -45,7 +45,7 @@ def decoding_epoch(params, batch_size: int):
     """Batches as a loader without a cache makes them: read, decode, preprocess and jitter every training pair."""
     index, manifest = json.loads(INDEX.read_text()), load_manifest(CACHE)
     train = [source for source in manifest["sources"] if source["split"] == "train"]
-    root, layout, cfg, scale = Path(index["root"]), index["layout"], params.preprocess, params.loader.jitter_scale
+    root, layout, cfg, scale = Path(index["root"]), index["layout"], params.preprocess, params.preprocess.jitter_scale
     rng = np.random.default_rng(0)
 
     def epoch():

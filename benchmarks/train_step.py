@@ -74,7 +74,7 @@ class DecodedPairs(Dataset):
 
 
 def jittered_batch(samples: list) -> dict:
-    return decoded_batch(samples, LoaderConfig().jitter_scale) | {"identity": torch.full((len(samples),), -1)}
+    return decoded_batch(samples, PreprocessConfig().jitter_scale) | {"identity": torch.full((len(samples),), -1)}
 
 
 class FlopCount(Callback):

@@ -1,5 +1,6 @@
 """Stage `evaluate`: PSNR / SSIM / MSE of models/generator.pt on the test split, beside two trivial baselines.
 
+The generator runs in the test mode it was validated in (train.test_mode, kept in its payload).
 Baselines: the mean visible face of the training split (the best a model that ignores its input can do in MSE),
 and the thermal image itself replicated to the visible channels. Writes metrics/eval.json and
 reports/eval_grid.png (rows thermal | generated | real); the run is tracked in MLflow.
@@ -14,7 +15,8 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.metrics import image_scores, score_means, to_unit
-from thermal2visible.models.generator import load_generator
+from thermal2visible.checkpoints import load_generator
+from thermal2visible.models.generator import as_tested
 from thermal2visible.tracking.figures import comparison_grid, save_grid
 from thermal2visible.tracking.store import log_artifact, start_run
 from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID
@@ -39,7 +41,8 @@ def as_visible(thermal: torch.Tensor, visible_channels: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def evaluate(generator: torch.nn.Module, data: PairedDataModule) -> tuple[dict, np.ndarray | None]:
+def evaluate(generator: torch.nn.Module, test_mode: str, data: PairedDataModule) -> tuple[dict, np.ndarray | None]:
+    """Scores on the test split, the generator run in `test_mode` (models.generator.as_tested) as validation ran it."""
     channels = data.visible_channels
     mean_face = mean_training_face(channels)
     scores = {name: score_means() for name in ("generator", "baseline_mean_image", "baseline_thermal")}
@@ -47,7 +50,8 @@ def evaluate(generator: torch.nn.Module, data: PairedDataModule) -> tuple[dict, 
     for batch in data.test_dataloader():
         batch = model_batch(batch)  # cached integers -> model space
         thermal, real = batch["thermal"], batch["visible"]
-        generated = generator(thermal)
+        with as_tested(generator, test_mode):
+            generated = generator(thermal)
         predictions = {"generator": generated, "baseline_mean_image": mean_face.expand_as(real),
                        "baseline_thermal": as_visible(thermal, channels)}
         for name, prediction in predictions.items():
@@ -70,7 +74,7 @@ def main(params: Params) -> None:
     data.setup("test")
     if data.manifest["counts"]["test"] == 0:
         raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
-    results, grid = evaluate(generator, data)
+    results, grid = evaluate(generator, payload["test_mode"], data)
     report = {"test_images": data.manifest["counts"]["test"], **results}
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)
     EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")

@@ -27,8 +27,9 @@ from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
 from thermal2visible.tracking.store import data_hash, log_artifact, start_run
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
-from thermal2visible.training.trainer import (build_trainer, checkpointing, find_resume, per_process_batch,
-                                              resolve_accelerator, resolve_precision, run_fingerprint, world_size)
+from thermal2visible.checkpoints import checkpointing, find_resume, run_fingerprint
+from thermal2visible.training.trainer import (build_trainer, per_process_batch, refuse_unworkable, resolve_accelerator,
+                                              resolve_precision, world_size)
 from thermal2visible.paths import CACHE, RECOGNIZER, GENERATOR, CHECKPOINTS, TRAIN_METRICS, PSNR_CSV, PSNR_CURVE
 
 BEST = CHECKPOINTS / "best_generator.pt"
@@ -39,9 +40,6 @@ def identity_recognizer(params: Params, identities: list[str]):
     """(frozen recognizer, its file hash) when the identity loss is on, else (None, None): never read otherwise."""
     if params.train.lambda_id == 0:
         return None, None
-    if not identities:
-        raise PipelineError(f"train.lambda_id is {params.train.lambda_id} but {CACHE}/manifest.json has no identities "
-                            "(put each person's images in their own folder, or set train.lambda_id: 0)")
     return load_recognizer(RECOGNIZER, identities)
 
 
@@ -83,6 +81,7 @@ def main(params: Params) -> None:
         raise PipelineError(f"{CACHE}/manifest.json: missing; run the preprocess stage first (dvc repro preprocess)")
     seed_everything(t.seed, workers=True, verbose=False)
     data = PairedDataModule(CACHE, per_process_batch(t), params.loader)
+    refuse_unworkable(params, data.manifest)
     recognizer, recognizer_hash = identity_recognizer(params, data.identities)
     cache_hash = data_hash(CACHE)
     fingerprint = run_fingerprint(params, cache_hash, recognizer_hash)

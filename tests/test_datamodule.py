@@ -1,4 +1,5 @@
 """PairedDataModule: batch shapes and ranges, pair-consistent jitter, deterministic val, distinct DDP shards."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,7 +10,10 @@ import pytest
 import torch
 
 from thermal2visible.config import LoaderConfig
-from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, enlarge, model_batch
+from thermal2visible.data.cache import JITTER, load_manifest, load_split
+from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch
+from thermal2visible.data.ingest import read_pair
+from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 
 
 def batches(module, loader):
@@ -49,32 +53,36 @@ def test_preloaded_and_mapped_batches_hold_the_same_values(tiny_cache):
 
 
 def test_jitter_moves_both_images_of_a_pair_alike_and_each_pair_its_own_way():
-    count, side = 16, 24
+    count, side, crop = 16, 27, 24
     ramp = np.add.outer(np.arange(side), 3 * np.arange(side)).astype(np.uint8)  # asymmetric, so flips show
     visible = np.broadcast_to(ramp[None, :, :, None], (count, side, side, 3)).copy()
     thermal = visible[..., :1].astype(np.uint16) * 257                          # the same picture in 16 bits
     arrays = {"thermal": thermal, "visible": visible, "identity": np.zeros(count, np.int64)}
     torch.manual_seed(0)
-    jittered = model_batch(CachedPairs(arrays, jitter_scale=1.125).__getitems__(list(range(count))))
-    plain = model_batch(CachedPairs(arrays).__getitems__(list(range(count))))
-    assert jittered["visible"].shape == plain["visible"].shape == (count, 3, side, side)
-    # the same window of the same picture; 8 and 16 bits round the enlarged pixels apart by at most one 8-bit step
-    torch.testing.assert_close(jittered["visible"], jittered["thermal"].expand(-1, 3, -1, -1), atol=2 / 255, rtol=0)
-    assert not torch.allclose(jittered["visible"], plain["visible"])
-    distinct = {tuple(image.flatten()[:50].tolist()) for image in jittered["visible"].round(decimals=3)}
-    assert len(distinct) > count // 2
+    jittered = model_batch(CachedPairs(arrays, crop=crop).__getitems__(list(range(count))))
+    assert jittered["visible"].shape == jittered["thermal"].shape[:1] + (3, crop, crop)
+    # the same window of the same picture: the cached pixels themselves, nothing resampled
+    torch.testing.assert_close(jittered["visible"], jittered["thermal"].expand(-1, 3, -1, -1), atol=1e-6, rtol=0)
+    windows = {tuple(image[0, 0, :3].tolist()) for image in jittered["visible"]}  # where each window starts
+    assert len(windows) > count // 2
 
 
-def test_enlarging_keeps_each_dtype_and_the_full_16_bit_range():
-    thermal = torch.tensor([0, 40000, 65535], dtype=torch.int32).to(torch.int16).repeat_interleave(2)  # uint16 bits
-    thermal = thermal.reshape(1, 1, 6, 1).expand(1, 6, 6, 1)  # three flat bands across the image
-    visible = torch.full((1, 6, 6, 3), 200, dtype=torch.uint8)
-    big_thermal, big_visible = enlarge(thermal, 1.5), enlarge(visible, 1.5)
-    assert big_thermal.shape == (1, 9, 9, 1) and big_visible.shape == (1, 9, 9, 3)
-    assert big_thermal.dtype == torch.int16 and big_visible.dtype == torch.uint8
-    assert (big_visible == 200).all()
-    bands = (big_thermal.int() & 0xFFFF)[0, 0, :, 0].tolist()
-    assert bands[0] == 0 and bands[4] == 40000 and bands[-1] == 65535 and bands == sorted(bands)
+def test_the_jittered_training_split_is_the_source_resized_once(tiny_cache, tiny_params):
+    """pix2pix: 286/256 of the image size, resized from the source resolution, then cropped (no second resampling)."""
+    manifest = load_manifest(tiny_cache)
+    assert manifest["jitter_size"] == round(32 * 286 / 256) == 36
+    thermal, visible, identity = load_split(tiny_cache, JITTER)
+    assert thermal.shape[1:3] == visible.shape[1:3] == (36, 36)
+    np.testing.assert_array_equal(identity, load_split(tiny_cache, "train")[2])
+    first = next(source for source in manifest["sources"] if source["split"] == "train")
+    raw_thermal, raw_visible = read_pair(tiny_cache.parent / "raw", first, "pairs", tiny_params.ingest.max_pixels)
+    cfg = dataclasses.replace(tiny_params.preprocess, image_size=36)
+    np.testing.assert_array_equal(thermal[0], np.round(prepare_thermal(raw_thermal, cfg) * 65535))
+    np.testing.assert_array_equal(visible[0], np.round(prepare_visible(raw_visible, raw_thermal, cfg) * 255))
+    module = PairedDataModule(tiny_cache, 4, LoaderConfig(jitter=True))
+    module.setup("fit")
+    batch = module.splits["train"].__getitems__([0, 1, 2])
+    assert batch["visible"].shape[1:] == (32, 32, 3)
 
 
 def test_validation_is_deterministic_and_unjittered(tiny_cache):
@@ -99,7 +107,8 @@ DDP_SCRIPT = textwrap.dedent('''
     import torch
     from lightning.pytorch import LightningModule, Trainer
     from thermal2visible.config import LoaderConfig
-    from thermal2visible.data.datamodule import PairedDataModule, model_batch
+    from thermal2visible.data.cache import load_split
+    from thermal2visible.data.datamodule import FIELDS, CachedPairs, PairedDataModule, model_batch
 
     class Recorder(LightningModule):
         def __init__(self):
@@ -109,8 +118,8 @@ DDP_SCRIPT = textwrap.dedent('''
 
         def unjittered(self, batch, split):
             rows = batch["index"].tolist()
-            plain = model_batch(self.trainer.datamodule.splits[split].__getitems__(rows))
-            return torch.equal(plain["visible"], batch["visible"])
+            cached = CachedPairs(dict(zip(FIELDS, load_split(sys.argv[1], split))))
+            return torch.equal(model_batch(cached.__getitems__(rows))["visible"], batch["visible"])
 
         def training_step(self, batch, batch_idx):
             assert batch["thermal"].dtype == torch.float32 and batch["thermal"].shape[1:] == (1, 32, 32)

@@ -3,17 +3,23 @@
 Lightning's DDP launcher re-runs the current script for every other rank, so the step-equivalence worker is this
 file run as a script (`python tests/test_ddp.py DEVICES OUT`), and the pipeline test runs pipelines/train.py.
 """
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import Callback, LightningDataModule, seed_everything
 from torch.utils.data import DataLoader, DistributedSampler
 
-from thermal2visible.config import ModelConfig, TrainConfig
+from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig
+from thermal2visible.data.datamodule import PairedDataModule, model_batch
+from thermal2visible.metrics import image_scores, to_unit
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import build_trainer, per_process_batch
 
@@ -75,6 +81,79 @@ def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_pa
         torch.testing.assert_close(weights[2][name], value, rtol=1e-4, atol=1e-6, msg=name)
 
 
+class Seen(Callback):
+    """Per rank: the sum of each training crop, and how many validation images it scored."""
+
+    def __init__(self):
+        self.crops, self.val_images = [], 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.crops.append(batch["visible"].sum(dim=(1, 2, 3)).tolist())
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self.val_images += len(batch["index"])
+
+
+def one_face_cache(tiny_cache: Path, folder: Path, val_images: int) -> Path:
+    """tiny_cache with every training pair replaced by its first one (any two crops differ only by their random
+    draw) and `val_images` validation pairs."""
+    shutil.copytree(tiny_cache, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for kind in ("thermal", "visible", "identity"):
+        for name in ("train", "jitter"):  # the training split, at the image size and at the jitter side
+            train = np.load(folder / f"{name}_{kind}.npy")
+            np.save(folder / f"{name}_{kind}.npy", np.repeat(train[:1], 8, axis=0))
+        pool = np.concatenate([np.load(folder / f"{split}_{kind}.npy") for split in ("val", "test")])
+        np.save(folder / f"val_{kind}.npy", pool[:val_images])
+    manifest["counts"] |= {"train": 8, "val": val_images}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def val_psnr(generator: torch.nn.Module, cache: Path) -> float:
+    """Mean PSNR over the validation split, one process, every image once."""
+    data = PairedDataModule(cache, 64, LoaderConfig())
+    data.setup("validate")
+    batch = model_batch(next(iter(data.val_dataloader())))
+    with torch.no_grad():
+        generated = generator.eval()(batch["thermal"])
+    return image_scores(to_unit(generated), to_unit(batch["visible"]))["psnr"].mean().item()
+
+
+def train_ranks(cache: Path, out: Path) -> None:
+    """2 epochs of the real Pix2Pix (batch norm, dropout, jitter) on 2 ranks; each saves what it saw and its
+    generator; rank 0 also the validation PSNR the run logged and the one its generator scores alone."""
+    seed_everything(0, verbose=False)
+    train = TrainConfig(batch_size=4, devices=2, accelerator="cpu", precision="32-true", channels_last=False,
+                        fused_adam=False, max_epochs=2)
+    data = PairedDataModule(cache, per_process_batch(train), LoaderConfig(jitter=True))
+    module = Pix2Pix(ModelConfig(ngf=8, ndf=8, norm="batch", dropout=0.5), train, 32, data.thermal_channels,
+                     data.visible_channels)
+    seen = Seen()
+    trainer = build_trainer(train, callbacks=[seen])
+    trainer.fit(module, datamodule=data)
+    record = {"crops": seen.crops, "val_images": seen.val_images}
+    if trainer.is_global_zero:
+        record |= {"logged": trainer.callback_metrics["val_psnr"].item(), "alone": val_psnr(module.generator, cache)}
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+    torch.save(module.generator.state_dict(), out / f"rank{trainer.global_rank}.pt")
+
+
+def test_ranks_draw_their_own_crops_in_lock_step_and_validate_each_image_once(tmp_path, tiny_cache):
+    cache = one_face_cache(tiny_cache, tmp_path / "cache", val_images=5)
+    result = subprocess.run([sys.executable, __file__, "ranks", str(cache), str(tmp_path)], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert len(ranks[0]["crops"]) == 4 and all(  # 2 steps x 2 epochs, each rank its own crops at every step
+        a != b for a, b in zip(ranks[0]["crops"], ranks[1]["crops"]))
+    generators = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    for name, value in generators[0].items():  # lock-step: weights and (validated) statistics equal
+        assert torch.equal(value, generators[1][name]), name
+    assert [rank["val_images"] for rank in ranks] == [6, 4]  # 3 + 2 per epoch, over 2 epochs: none repeated
+    assert ranks[0]["logged"] == pytest.approx(ranks[0]["alone"], abs=1e-4)
+
+
 @pytest.mark.timeout(300)
 def test_two_process_training_run_logs_one_mlflow_run(tmp_path, tiny_cache, write_params):
     from mlflow import MlflowClient
@@ -85,7 +164,13 @@ def test_two_process_training_run_logs_one_mlflow_run(tmp_path, tiny_cache, writ
     result = subprocess.run([sys.executable, str(REPO / "pipelines" / "train.py")], cwd=tmp_path, env=clean_env(),
                             capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Starting with 2 processes" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "Starting with 2 processes" in output
+    digests = re.findall(r"rank (\d) of 2 stopped at epoch 2; generator weights (\w+)", output)
+    assert len(digests) == 2 and digests[0][1] == digests[1][1]  # in lock-step
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    streams = next(state for key, state in checkpoint["callbacks"].items() if "RandomStreams" in key)["ranks"]
+    assert len(streams) == 2 and not torch.equal(streams[0]["torch"], streams[1]["torch"])  # each rank's own
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
@@ -97,4 +182,7 @@ def test_two_process_training_run_logs_one_mlflow_run(tmp_path, tiny_cache, writ
 
 
 if __name__ == "__main__":
-    train_steps(int(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1] == "ranks":
+        train_ranks(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        train_steps(int(sys.argv[1]), Path(sys.argv[2]))

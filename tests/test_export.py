@@ -17,8 +17,8 @@ from tiny_model import save_tiny_generator
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
-from thermal2visible.export import cache_to_model_input, check_parity, run_onnx, run_torch
-from thermal2visible.models.generator import load_generator
+from thermal2visible.export import cache_to_model_input, check_parity, export_generator, run_onnx, run_torch
+from thermal2visible.checkpoints import load_generator
 from thermal2visible.serving import onnx_metadata, onnx_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,14 @@ def test_export_is_in_eval_mode(project, exported, test_images):
     whole = run_onnx(session, test_images)
     halves = np.concatenate([run_onnx(session, test_images[:1]), run_onnx(session, test_images[1:])])
     np.testing.assert_allclose(whole, halves, atol=1e-5)
+
+
+def test_a_generator_tested_in_train_mode_is_not_exported(tiny_cache, tmp_path):
+    """Dropout on at test time makes every output random: nothing to check against PyTorch, nothing to serve."""
+    generator, payload = load_generator(save_tiny_generator(tmp_path / "generator.pt", tiny_cache))
+    with pytest.raises(PipelineError, match="train.test_mode: 'train'.*dropout on"):
+        export_generator(generator, payload | {"test_mode": "train"}, tmp_path / "generator.onnx", opset=18)
+    assert not (tmp_path / "generator.onnx").exists()
 
 
 def test_mismatched_model_fails_parity_loudly(project, exported, test_images, tiny_cache, tmp_path):

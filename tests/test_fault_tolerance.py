@@ -241,7 +241,7 @@ def test_diverging_training_stops_clearly_and_publishes_nothing(tmp_path, tiny_c
     run = start(project, "run")
     assert run.wait(timeout=240) == 1
     message = output(project, "run")
-    assert "error: training diverged: 4 steps with a non-finite loss (train.max_bad_steps = 3)" in message
+    assert "error: training diverged: 4 steps with a non-finite loss or gradient (train.max_bad_steps = 3)" in message
     assert "Traceback" not in message
     assert published.read_bytes() == b"the model of an earlier, good run"
     assert [int(v.version) for v in client.search_model_versions("name='thermal2visible'")] == [1]

@@ -5,7 +5,8 @@ from torch import nn
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
-from thermal2visible.models.generator import UNetGenerator, load_generator, save_generator
+from thermal2visible.checkpoints import load_generator, save_generator
+from thermal2visible.models.generator import UNetGenerator, as_tested
 from thermal2visible.models.recognizer import IdentityRecognizer, load_recognizer
 
 
@@ -96,11 +97,11 @@ def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path):
     generator = UNetGenerator(1, 3, 32, ngf=4, norm="instance").train()
     generator.to(memory_format=torch.channels_last)
     path = tmp_path / "models" / "generator.pt"
-    save_generator(generator, path, epoch=7, psnr=21.5, psnr_smoothed=20.0, mlflow_run_id=None,
+    save_generator(generator, path, test_mode="eval", epoch=7, psnr=21.5, psnr_smoothed=20.0, mlflow_run_id=None,
                    preprocess={"image_size": 32}, data_hash="abc")
     loaded, payload = load_generator(path)
     assert not loaded.training
-    assert payload["epoch"] == 7 and payload["model"] == generator.config
+    assert payload["epoch"] == 7 and payload["model"] == generator.config and payload["test_mode"] == "eval"
     assert payload["preprocess"] == {"image_size": 32} and payload["data_hash"] == "abc"
     x = torch.rand(1, 1, 32, 32)
     with torch.no_grad():
@@ -125,3 +126,26 @@ def test_recognizer_loads_frozen_for_the_same_identities(tmp_path):
     assert loaded(torch.rand(2, 3, 16, 16)).shape == (2, 4) and len(digest) == 64
     with pytest.raises(PipelineError, match="re-run train_recognizer"):
         load_recognizer(path, ["a", "b"])
+
+
+def test_train_test_mode_is_per_image_with_dropout_and_leaves_the_generator_as_it_was():
+    """pix2pix's test mode: each image normalised by its own statistics, dropout on; running statistics untouched
+    and the result of an image independent of its batch."""
+    x = torch.rand(3, 1, 32, 32)
+    for dropout in (0.0, 0.5):
+        generator = UNetGenerator(1, 3, 32, ngf=4, dropout=dropout)
+        with torch.no_grad():
+            for _ in range(3):
+                generator(torch.rand(4, 1, 32, 32))  # running statistics away from their initial values
+        generator.eval()
+        before = {name: value.clone() for name, value in generator.state_dict().items()}
+        with torch.no_grad(), as_tested(generator, "train"):
+            alone, batched, again = generator(x[:1]), generator(x)[:1], generator(x[:1])
+        if dropout:
+            assert not torch.equal(alone, again)  # dropout is on
+        else:
+            torch.testing.assert_close(batched, alone)  # the other images of the batch change nothing
+        assert not generator.training and all(torch.equal(before[k], v) for k, v in generator.state_dict().items())
+        with torch.no_grad(), as_tested(generator, "eval"):
+            assert torch.equal(generator(x[:1]), generator(x[:1]))
+            assert not torch.allclose(generator(x[:1]), alone, atol=1e-3)  # running statistics, no dropout

@@ -12,8 +12,8 @@ from thermal2visible.config import ModelConfig, Params, TrainConfig
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.training import trainer as trainer_module
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, gan_loss, linear_decay, scaled_lr
-from thermal2visible.training.trainer import (STAMP, GanDDPStrategy, build_trainer, find_resume, per_process_batch,
-                                              resolve_precision, run_fingerprint)
+from thermal2visible.checkpoints import NOT_DEFINING, STAMP, WEIGHT_DEFINING, find_resume, run_fingerprint
+from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch, resolve_precision
 
 TINY_MODEL = ModelConfig(ngf=4, ndf=4, norm="batch", dropout=0.5)
 SIZE = 16
@@ -151,6 +151,32 @@ def test_a_bad_step_is_skipped_and_training_goes_on():
     assert module.bad_steps == 1 and math.isfinite(trainer.callback_metrics["loss_g"].item())
 
 
+class PoisonedGeneratorStep(Pix2Pix):
+    """The G step of the first batch goes non-finite after D has stepped: by its loss, or, with a finite loss,
+    by one gradient (a hook on G's first weight)."""
+
+    poison: str
+
+    def generator_losses(self, thermal, real, fake, batch):
+        losses = super().generator_losses(thermal, real, fake, batch)
+        if self.bad_steps == 0 and self.poison == "loss":
+            losses["loss_g"] = losses["loss_g"] * math.nan
+        if self.bad_steps == 0 and self.poison == "gradient":
+            next(self.generator.parameters()).register_hook(lambda gradient: gradient * math.inf)
+        return losses
+
+
+@pytest.mark.parametrize("poison", ["loss", "gradient"])
+def test_a_non_finite_generator_step_undoes_the_discriminator_step_before_it(poison):
+    module = PoisonedGeneratorStep(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+    module.poison = poison
+    before = weights(module)
+    build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=1).fit(module, train_dataloaders=loader())
+    assert module.bad_steps == 1
+    assert {name for name in before if not torch.equal(before[name], weights(module)[name])} == set()
+    assert module.optimizers()[1].optimizer.state_dict()["state"] == {}  # Adam never stepped D: no moments, no count
+
+
 def test_identity_loss_uses_a_frozen_recognizer():
     recognizer = IdentityRecognizer(3, 2, width=4).eval().requires_grad_(False)
     frozen = weights(recognizer)
@@ -172,14 +198,29 @@ def test_learning_rates_decay_linearly_at_the_end():
     assert trainer.callback_metrics["lr"].item() == pytest.approx(1e-3 / 3)  # epoch 3 of 3: 1/3 of the rate
 
 
-def test_run_fingerprint_covers_what_defines_the_run():
+def test_every_key_is_classed_as_defining_the_weights_or_not():
+    for section, defining in WEIGHT_DEFINING.items():
+        keys = {field.name for field in dataclasses.fields(getattr(Params(), section))}
+        assert sorted(keys) == sorted({*defining, *NOT_DEFINING[section]}), section
+        assert not set(defining) & set(NOT_DEFINING[section]), section
+
+
+def changed(config, key: str):
+    """`config` with another value of `key` (the fingerprint hashes values; it does not validate them)."""
+    value = getattr(config, key)
+    other = {bool: lambda: not value, int: lambda: value + 1, float: lambda: value + 0.5, tuple: lambda: (*value, 0),
+             str: lambda: value + "-changed"}[type(value)]()
+    return dataclasses.replace(config, **{key: other})
+
+
+def test_run_fingerprint_changes_with_what_defines_the_weights_and_nothing_else():
     base = Params()
     same = run_fingerprint(base, "data-md5")
-    assert run_fingerprint(dataclasses.replace(base, train=tiny_train(resume="never")), "data-md5") != same
-    assert run_fingerprint(dataclasses.replace(base, train=dataclasses.replace(base.train, resume="never")),
-                           "data-md5") == same  # how to resume is not what is trained
+    for section in WEIGHT_DEFINING:
+        for key in (*WEIGHT_DEFINING[section], *NOT_DEFINING[section]):
+            other = dataclasses.replace(base, **{section: changed(getattr(base, section), key)})
+            assert (run_fingerprint(other, "data-md5") != same) == (key in WEIGHT_DEFINING[section]), key
     assert run_fingerprint(base, "other-data") != same and run_fingerprint(base, "data-md5", "recognizer") != same
-    assert run_fingerprint(dataclasses.replace(base, model=TINY_MODEL), "data-md5") != same
 
 
 def test_resume_only_a_checkpoint_of_the_same_run(tmp_path, capsys):

@@ -1,8 +1,9 @@
 """A real training run killed with SIGKILL, then stopped with SIGTERM, then run to the end: one continuous run.
 
 Each interruption hits pipelines/train.py as a subprocess at a random point in an epoch; the next invocation
-must continue from checkpoints/last.ckpt with the same MLflow run, no epoch repeated or skipped, and the
-complete PSNR history.
+must continue from checkpoints/last.ckpt with the same MLflow run, no epoch repeated or skipped, the complete PSNR
+history, and the very weights of a run that was never interrupted. Which params keep last.ckpt and which start
+afresh is tested here too.
 """
 import csv
 import os
@@ -45,14 +46,45 @@ def interrupt_after(process: subprocess.Popen, project: Path, epochs: int, how: 
     return process.communicate(timeout=120)[0]
 
 
-@pytest.mark.timeout(400)
+SETTINGS = (f"train.max_epochs={EPOCHS}", "early_stop.window=2", f"early_stop.patience={EPOCHS}",
+            "train.image_log_every=3", "train.batch_size=2")
+
+
+def project(root: Path, tiny_cache: Path, write_params, *overrides: str) -> Path:
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "cache").symlink_to(tiny_cache)
+    write_params(root, *SETTINGS, *overrides)
+    return root
+
+
+def trained_state(project: Path) -> dict:
+    """Weights (with batch-norm statistics) and optimizer states of the last checkpoint."""
+    checkpoint = torch.load(project / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    return {"weights": checkpoint["state_dict"], "optimizers": checkpoint["optimizer_states"]}
+
+
+def assert_equal_states(a, b, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_equal_states(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b)):
+            assert_equal_states(x, y, f"{where}/{index}")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.timeout(500)
 def test_killed_and_terminated_runs_continue_where_they_stopped(tmp_path, tiny_cache, write_params):
     from mlflow import MlflowClient
 
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
-    write_params(tmp_path, f"train.max_epochs={EPOCHS}", "early_stop.window=2", f"early_stop.patience={EPOCHS}",
-                 "train.image_log_every=3", "train.batch_size=2")
+    uninterrupted = start(project(tmp_path / "uninterrupted", tiny_cache, write_params))
+    assert uninterrupted.wait(timeout=240) == 0
+    tmp_path = project(tmp_path / "interrupted", tiny_cache, write_params)
 
     first = start(tmp_path)
     interrupt_after(first, tmp_path, 3, signal.SIGKILL)
@@ -80,3 +112,20 @@ def test_killed_and_terminated_runs_continue_where_they_stopped(tmp_path, tiny_c
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_psnr")]
     # A kill between logging an epoch's PSNR and checkpointing it makes that epoch run (and log) twice.
     assert sorted(set(steps)) == list(range(1, EPOCHS + 1)) and len(steps) <= EPOCHS + 2
+    # Each resumed process draws the random numbers (shuffles, crops, flips, dropout) the uninterrupted one drew.
+    assert_equal_states(trained_state(tmp_path), trained_state(tmp_path.parent / "uninterrupted"))
+
+
+@pytest.mark.timeout(300)
+def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, write_params):
+    short = ("train.max_epochs=2", "early_stop.window=1")
+    root = project(tmp_path, tiny_cache, write_params, *short)
+    assert start(root).wait(timeout=240) == 0
+    write_params(root, *SETTINGS, *short, "train.image_log_every=1", "loader.num_workers=1", "loader.pin_memory=true",
+                 "loader.preload=false", "model.recompute=true")
+    kept = start(root)
+    assert kept.wait(timeout=240) == 0 and "continued from checkpoints/last.ckpt" in kept.communicate()[0]
+    write_params(root, *SETTINGS, *short, "loader.jitter=false")
+    afresh = start(root)
+    output = afresh.communicate(timeout=240)[0]
+    assert afresh.returncode == 0 and "belongs to another run" in output and "continued from" not in output, output

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from thermal2visible.export import cache_to_model_input, export_generator
-from thermal2visible.models.generator import UNetGenerator, load_generator
+from thermal2visible.checkpoints import load_generator, save_generator
+from thermal2visible.models.generator import UNetGenerator
 
 
 def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8) -> Path:
@@ -24,10 +25,8 @@ def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8) ->
     with torch.no_grad():
         for batch in np.array_split(cache_to_model_input(np.load(cache / "train_thermal.npy")), 2):
             generator(torch.from_numpy(batch))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": generator.state_dict(), "model": model, "preprocess": manifest["preprocess"], "epoch": 0,
-                "psnr_smoothed": 0.0, "psnr": 0.0, "mlflow_run_id": f"run-{seed}", "data_hash": "md5-of-tiny-cache"},
-               path)
+    save_generator(generator, path, test_mode="eval", preprocess=manifest["preprocess"], epoch=0, psnr_smoothed=0.0,
+                   psnr=0.0, mlflow_run_id=f"run-{seed}", data_hash="md5-of-tiny-cache")
     return path
 
 

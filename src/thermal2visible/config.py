@@ -46,6 +46,7 @@ class PreprocessConfig:
     val_fraction: float = 0.15
     test_fraction: float = 0.15
     seed: int = 0
+    jitter_scale: float = 1.1171875
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,6 @@ class LoaderConfig:
     pin_memory: bool = False
     preload: bool = True
     jitter: bool = True
-    jitter_scale: float = 1.125
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class TrainConfig:
     max_bad_steps: int = 10
     image_log_every: int = 5
     seed: int = 0
+    test_mode: Literal["eval", "train"] = "eval"
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,8 @@ def _check(params: Params) -> None:
     if params.early_stop.window > t.max_epochs:
         raise ConfigError(f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs {t.max_epochs}, "
                           "so no smoothed PSNR (and no best model) would ever exist")
-    if params.loader.jitter_scale < 1:
-        raise ConfigError(f"loader.jitter_scale: {params.loader.jitter_scale} must be >= 1 (resize up, then crop back)")
+    if p.jitter_scale < 1:
+        raise ConfigError(f"preprocess.jitter_scale: {p.jitter_scale} must be >= 1 (resize up, then crop back)")
 
 
 def apply_override(raw: dict, override: str) -> None:

@@ -35,6 +35,11 @@ def cache_to_model_input(thermal: np.ndarray) -> np.ndarray:
 def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opset: int) -> None:
     """Write `generator` (eval mode: dropout off, batch norm on its running statistics) to `path`, with
     the model settings, preprocess settings and lineage of its `generator.pt` payload as metadata."""
+    if payload["test_mode"] != "eval":
+        raise PipelineError(
+            f"train.test_mode: {payload['test_mode']!r}: this generator was validated with dropout on, so its output "
+            "is random and would differ between the ONNX model and PyTorch (and between requests); export serves "
+            "eval mode only: train with train.test_mode: eval to export")
     config = payload["model"]
     metadata = {"opset": opset, "image_size": config["image_size"], "in_channels": config["in_channels"],
                 "out_channels": config["out_channels"], "input_range": [-1, 1], "preprocess": payload["preprocess"],

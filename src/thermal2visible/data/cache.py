@@ -19,6 +19,12 @@ from thermal2visible.data.preprocess import assign_splits, prepare_thermal, prep
 from thermal2visible.pixels import quantise
 
 MANIFEST = "manifest.json"
+JITTER = "jitter"  # the training split at the jitter side: jitter_{thermal,visible,identity}.npy
+
+
+def jitter_side(cfg: PreprocessConfig) -> int:
+    """The side the training images are resized to before a random image_size crop (pix2pix: 256 -> 286)."""
+    return round(cfg.image_size * cfg.jitter_scale)
 
 
 def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path) -> dict:
@@ -29,34 +35,44 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
     identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
     label = {name: position for position, name in enumerate(identities)}
     size, channels = cfg.image_size, (index["thermal_channels"], index["visible_channels"])
+    # pix2pix's jitter crops `size` out of the image resized to jitter_side: the training split is also stored at
+    # that side, resized once from the source, so a jittered crop is resampled once, as the test images are.
+    jitter = dataclasses.replace(cfg, image_size=jitter_side(cfg))
     out_dir.mkdir(parents=True, exist_ok=True)
     sources, counts = [], {}
     with tqdm(total=len(pairs), desc="preprocess", unit="pair") as progress:
         for split in SPLITS:
             members = [p for p, s in zip(pairs, splits) if s == split]
             counts[split] = len(members)
-            thermal, visible = (np.lib.format.open_memmap(out_dir / f"{split}_{kind}.npy", "w+", dtype,
-                                                          (len(members), size, size, c))
-                                for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels))
+            outputs = {split: cfg} | ({JITTER: jitter} if split == "train" else {})
+            arrays = {name: [np.lib.format.open_memmap(out_dir / f"{name}_{kind}.npy", "w+", dtype,
+                                                       (len(members), config.image_size, config.image_size, c))
+                             for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels)]
+                      for name, config in outputs.items()}
             for row, pair in enumerate(members):
                 raw_thermal, raw_visible = read_pair(root, pair, layout, max_pixels)
-                try:
-                    thermal[row] = quantise(prepare_thermal(raw_thermal, cfg), np.uint16)
-                except PipelineError as error:
-                    raise PipelineError(f"{root / pair['thermal']}: {error}") from None
-                visible[row] = quantise(prepare_visible(raw_visible, raw_thermal, cfg), np.uint8)
+                for name, config in outputs.items():
+                    thermal, visible = arrays[name]
+                    try:
+                        thermal[row] = quantise(prepare_thermal(raw_thermal, config), np.uint16)
+                    except PipelineError as error:
+                        raise PipelineError(f"{root / pair['thermal']}: {error}") from None
+                    visible[row] = quantise(prepare_visible(raw_visible, raw_thermal, config), np.uint8)
                 sources.append({key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
                                | {"split": split})
                 progress.update()
-            thermal.flush()
-            visible.flush()
-            del thermal, visible  # close the memory maps before the next split opens its own
-            np.save(out_dir / f"{split}_identity.npy",
-                    np.array([label.get(p["identity"], -1) for p in members], dtype=np.int64))
+            for thermal, visible in arrays.values():
+                thermal.flush()
+                visible.flush()
+            del thermal, visible
+            arrays.clear()  # close the memory maps before the next split opens its own
+            labels = np.array([label.get(p["identity"], -1) for p in members], dtype=np.int64)
+            for name in outputs:
+                np.save(out_dir / f"{name}_identity.npy", labels)
     manifest = {"root": index["root"], "layout": layout, "max_pixels": max_pixels,
-                "image_size": size, "thermal_channels": channels[0], "visible_channels": channels[1],
-                "identities": identities, "counts": counts, "preprocess": dataclasses.asdict(cfg),
-                "sources": sources}
+                "image_size": size, "jitter_size": jitter.image_size, "thermal_channels": channels[0],
+                "visible_channels": channels[1], "identities": identities, "counts": counts,
+                "preprocess": dataclasses.asdict(cfg), "sources": sources}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -70,7 +86,7 @@ def load_manifest(cache_dir: str | Path) -> dict:
 
 
 def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(thermal, visible, identity) arrays of one split, memory-mapped read-only."""
+    """(thermal, visible, identity) arrays of one split (or of JITTER), memory-mapped read-only."""
     return tuple(np.load(Path(cache_dir) / f"{split}_{kind}.npy", mmap_mode="r")
                  for kind in ("thermal", "visible", "identity"))
 

@@ -2,11 +2,12 @@
 
 The loader moves compact integers (uint16 thermal, uint8 visible, NHWC as cached); the conversion to float
 [-1, 1] NCHW runs after the batch reached the device (`on_after_batch_transfer`), on the whole batch at once.
-The pix2pix jitter enlarges the training split once and crops each batch from it (`CachedPairs`).
+The pix2pix jitter crops each training batch from the training split cached at the jitter side (`CachedPairs`).
 With `loader.preload` the training set is copied to the device once in `setup` (paper §3.3.2) and a batch is
 one index into it. A batch is always one fancy index (`__getitems__`), never a Python
 loop over samples. Under DDP, Lightning swaps the shuffling sampler for a DistributedSampler, so each rank
-draws a distinct shard of every epoch.
+draws a distinct shard of every epoch; validation and test shards are unpadded (`UnrepeatedDistributedSampler`),
+so every image is scored exactly once across the ranks, however many there are.
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from thermal2visible.errors import PipelineError
 from thermal2visible.config import LoaderConfig
-from thermal2visible.data.cache import load_manifest, load_split
+from thermal2visible.errors import PipelineError
+from thermal2visible.data.cache import JITTER, load_manifest, load_split
 from thermal2visible.data.ingest import SPLITS
 
 FIELDS = ("thermal", "visible", "identity")
@@ -29,24 +30,23 @@ FIELDS = ("thermal", "visible", "identity")
 class CachedPairs(Dataset):
     """One split of the cache: memory-mapped arrays, or with a `device` tensors copied there once.
 
-    With a `jitter_scale` the split is held enlarged once and mirrored once (in memory, on `device` or the CPU:
-    2 x jitter_scale² the cache's size), and every draw is a random window of the cached side from one of the two:
-    pix2pix's jitter (resize 256 -> 286, random crop 256, random flip) for the price of one index per batch, instead
-    of resampling every pixel every epoch.
+    With a `crop` side the arrays are the training split cached at the jitter side (cache.JITTER), held mirrored
+    once (in memory, on `device` or the CPU: twice their size), and every draw is a random `crop` x `crop` window of
+    one of the two: pix2pix's jitter (256 px resized to 286 from the source, random crop 256, random flip) for the
+    price of one index per batch, instead of resampling every pixel every epoch.
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], device: torch.device | None = None,
-                 jitter_scale: float | None = None):
+    def __init__(self, arrays: dict[str, np.ndarray], device: torch.device | None = None, crop: int | None = None):
         # uint16 travels as its int16 bit pattern: torch indexes and moves int16 on every device, uint16 on few.
         arrays = arrays | {"thermal": arrays["thermal"].view(np.int16)}
-        self.side = arrays["visible"].shape[1]
-        if device is None and jitter_scale is not None:
+        self.jitter = crop is not None
+        self.side = crop if self.jitter else arrays["visible"].shape[1]
+        if device is None and self.jitter:
             device = torch.device("cpu")
         self.arrays = arrays if device is None else {
             name: torch.from_numpy(np.array(array)).to(device) for name, array in arrays.items()}
-        self.jitter = jitter_scale is not None
         if self.jitter:
-            self.arrays |= {name: mirrored(enlarge(self.arrays[name], jitter_scale)) for name in ("thermal", "visible")}
+            self.arrays |= {name: mirrored(self.arrays[name]) for name in ("thermal", "visible")}
 
     def __len__(self) -> int:
         return len(self.arrays["identity"])
@@ -68,22 +68,6 @@ class CachedPairs(Dataset):
 def _batch_as_is(batch: dict) -> dict:
     """`__getitems__` already returns a whole batch: nothing is left to collate."""
     return batch
-
-
-def enlarge(images: torch.Tensor, scale: float, chunk: int = 256) -> torch.Tensor:
-    """NHWC images resized by `scale` (bilinear), in their own dtype: integers are rounded back, and int16 holds
-    uint16 bit patterns as the cache's thermal images do. Done in chunks, so only one chunk is ever float."""
-    side = round(images.shape[1] * scale)
-    parts = []
-    for part in images.split(chunk):
-        values = (part.int() & 0xFFFF).float() if part.dtype == torch.int16 else part.float()
-        values = F.interpolate(values.permute(0, 3, 1, 2), size=(side, side), mode="bilinear", align_corners=False)
-        values = values.permute(0, 2, 3, 1)
-        if not images.dtype.is_floating_point:
-            limit = 65535 if images.dtype == torch.int16 else torch.iinfo(images.dtype).max
-            values = values.round().clamp(0, limit).int()  # int32 -> int16 keeps the low 16 bits: the uint16 pattern
-        parts.append(values.to(images.dtype).contiguous())
-    return torch.cat(parts)
 
 
 def mirrored(images: torch.Tensor) -> torch.Tensor:
@@ -115,6 +99,9 @@ class PairedDataModule(LightningDataModule):
         super().__init__()
         self.cache_dir, self.batch_size, self.loader = Path(cache_dir), batch_size, loader
         self.manifest = load_manifest(cache_dir)
+        if loader.jitter and "jitter_size" not in self.manifest:
+            raise PipelineError(f"{cache_dir}: made before the training split was cached at the jitter side; re-run "
+                                "the preprocess stage (dvc repro preprocess), or set loader.jitter: false")
         self.thermal_channels = self.manifest["thermal_channels"]
         self.visible_channels = self.manifest["visible_channels"]
         self.identities = self.manifest["identities"]
@@ -125,10 +112,10 @@ class PairedDataModule(LightningDataModule):
         for split in SPLITS:
             if split not in self.splits:
                 training = split == "train"
-                arrays = dict(zip(FIELDS, load_split(self.cache_dir, split)))
-                jitter_scale = self.loader.jitter_scale if training and self.loader.jitter else None
+                jitter = training and self.loader.jitter
+                arrays = dict(zip(FIELDS, load_split(self.cache_dir, JITTER if jitter else split)))
                 self.splits[split] = CachedPairs(arrays, device if training and self.loader.preload else None,
-                                                 jitter_scale)
+                                                 self.manifest["image_size"] if jitter else None)
         world = self.trainer.world_size if self.trainer is not None else 1
         if stage == "fit" and len(self.splits["train"]) < self.batch_size * world:
             raise PipelineError(f"{self.cache_dir}: {len(self.splits['train'])} training pairs cannot fill one batch "
@@ -139,9 +126,15 @@ class PairedDataModule(LightningDataModule):
         # Preloaded batches already sit on the device: workers or pinned copies would only add work.
         preloaded = training and self.loader.preload
         workers = 0 if preloaded else self.loader.num_workers
+        sampler = None
+        if not training and self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning's own DistributedSampler pads the last shard with repeats; Lightning keeps a sampler
+            # that is already distributed.
+            sampler = UnrepeatedDistributedSampler(self.splits[split], self.trainer.world_size,
+                                                   self.trainer.global_rank, shuffle=False)
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=training, drop_last=training,
-                          collate_fn=_batch_as_is, num_workers=workers, persistent_workers=workers > 0,
-                          pin_memory=self.loader.pin_memory and not preloaded)
+                          sampler=sampler, collate_fn=_batch_as_is, num_workers=workers,
+                          persistent_workers=workers > 0, pin_memory=self.loader.pin_memory and not preloaded)
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader("train")

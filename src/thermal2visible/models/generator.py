@@ -7,15 +7,12 @@ RGB in/out this is exactly the network of the pix2pix paper (54,413,955 paramete
 from __future__ import annotations
 
 import math
-import os
-import pickle
-from pathlib import Path
+from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-from thermal2visible.errors import PipelineError
 
 DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
 
@@ -52,7 +49,7 @@ class UNetGenerator(nn.Module):
         if in_channels not in (1, 3):
             raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
         self.recompute = recompute
-        # What load_generator needs to rebuild this network (plain types: saved with the weights).
+        # What checkpoints.load_generator needs to rebuild this network (plain types: saved with the weights).
         self.config = {"in_channels": in_channels, "out_channels": out_channels, "image_size": image_size,
                        "ngf": ngf, "norm": norm, "dropout": dropout}
         # Batch norm has its own shift, so the convolutions before it need no bias (as in pix2pix).
@@ -100,25 +97,36 @@ class UNetGenerator(nn.Module):
         return y
 
 
-def save_generator(generator: UNetGenerator, path: str | Path, **metadata) -> None:
-    """Weights + config + `metadata` (plain types) as models/generator.pt wants them; written atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {name: value.detach().cpu().contiguous() for name, value in generator.state_dict().items()}
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save({"state_dict": state, "model": dict(generator.config), **metadata}, temporary)
-    os.replace(temporary, path)
+TEST_MODES = ("eval", "train")
 
 
-def load_generator(path: str | Path) -> tuple[UNetGenerator, dict]:
-    """The generator saved by `train` (models/generator.pt), in eval mode, and the whole saved payload."""
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"{path}: no trained generator here (run the train stage first)")
+def _own_statistics(norm: nn.BatchNorm2d, inputs: tuple[torch.Tensor], output: torch.Tensor) -> torch.Tensor:
+    """Batch norm with the statistics of each image alone: what batch norm computes at batch 1 in train mode."""
+    return F.instance_norm(inputs[0], weight=norm.weight, bias=norm.bias, eps=norm.eps)
+
+
+@contextmanager
+def as_tested(generator: UNetGenerator, mode: str):
+    """`generator` as it is tested (train.test_mode); weights and running statistics are left untouched.
+
+    eval: running batch-norm statistics, dropout off (deterministic). train: pix2pix's test mode (Isola et al.
+    test at batch 1 with the network in train mode): every image normalised by its own statistics and dropout on.
+    Per image, not per batch, so no image's result depends on the others it is batched with.
+    """
+    if mode not in TEST_MODES:
+        raise ValueError(f"test mode {mode!r} is not one of {TEST_MODES}")
+    was_training = generator.training
+    generator.eval()
+    hooks = []
+    if mode == "train":
+        for module in generator.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                hooks.append(module.register_forward_hook(_own_statistics))
+            elif isinstance(module, nn.Dropout):
+                module.train()
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        generator = UNetGenerator(**payload["model"])
-        generator.load_state_dict(payload["state_dict"])
-    except (KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
-        raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
-    return generator.eval(), payload
+        yield generator
+    finally:
+        for hook in hooks:
+            hook.remove()
+        generator.train(was_training)

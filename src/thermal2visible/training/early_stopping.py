@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from thermal2visible.models.generator import save_generator
+from thermal2visible.checkpoints import save_generator
 
 
 class PsnrEarlyStopping(Callback):
@@ -79,7 +79,7 @@ class PsnrEarlyStopping(Callback):
         """
         latest = len(self.history)
         if self.best_path and trainer.is_global_zero and self.best_epoch == latest and self.kept_epoch != latest:
-            save_generator(pl_module.generator, self.best_path, epoch=self.best_epoch,
+            save_generator(pl_module.generator, self.best_path, pl_module.cfg.test_mode, epoch=self.best_epoch,
                            psnr_smoothed=self.best_smoothed, psnr=self.history[-1], **self.metadata)
             self.kept_epoch = latest
 

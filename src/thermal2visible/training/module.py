@@ -2,10 +2,14 @@
 
 Losses are means over the batch and over the PatchGAN map. Under DDP every process holds an equal shard of the
 global batch and DDP averages the gradients, so the mean of the per-process means is the mean over the global
-batch: two processes take the same step as one process with the whole batch (tests/test_ddp.py).
+batch: without batch norm and random draws, two processes take the same step as one process with the whole batch
+(tests/test_ddp.py). With them, two processes differ from one as the paper's multi-GPU runs do: batch norm
+normalises each process's share, and each rank draws its own crops and dropout masks
+(checkpoints.RandomStreams).
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from contextlib import contextmanager
@@ -16,15 +20,15 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from thermal2visible.errors import PipelineError
 from thermal2visible.config import ModelConfig, TrainConfig
+from thermal2visible.errors import PipelineError
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
-from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.models.generator import UNetGenerator, as_tested
 
 
 class TrainingDiverged(PipelineError):
-    """Too many steps with a non-finite loss."""
+    """Too many steps with a non-finite loss or gradient."""
 
 
 def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
@@ -106,23 +110,38 @@ class Pix2Pix(LightningModule):
         layout = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         return (batch["thermal"].contiguous(memory_format=layout), batch["visible"].contiguous(memory_format=layout))
 
-    def _all_finite(self, loss: torch.Tensor, buffers: list[torch.Tensor]) -> bool:
-        """True when the loss is finite on every process (all must skip a step together, or DDP hangs).
+    def _snapshot(self, opt_d) -> dict:
+        """What a step may change before it knows it is finite: batch-norm statistics (a few KB), and D's weights
+        and optimizer state (D steps before G's loss exists, since G's loss needs the updated D)."""
+        return {"buffers": [buffer.clone() for buffer in self._statistics()],
+                "discriminator": copy.deepcopy(self.discriminator.state_dict()),
+                "opt_d": copy.deepcopy(opt_d.optimizer.state_dict())}
 
-        A skipped step leaves no trace: batch-norm statistics go back to `buffers`, taken before the step.
-        """
-        bad = (~torch.isfinite(loss.detach())).float()
-        if self.trainer.strategy.reduce(bad, reduce_op="sum").item() == 0:
-            return True
-        for buffer, saved in zip(self._statistics(), buffers):
+    def _restore(self, snapshot: dict, opt_d) -> None:
+        for buffer, saved in zip(self._statistics(), snapshot["buffers"]):
             buffer.copy_(saved)
+        self.discriminator.load_state_dict(snapshot["discriminator"])
+        opt_d.optimizer.load_state_dict(snapshot["opt_d"])
+
+    def _finite(self, loss: torch.Tensor, network: nn.Module) -> bool:
+        """Whether `loss` and `network`'s gradients are finite on every process (all skip a step together, or DDP
+        hangs). Under fp16 loss scaling, overflowing gradients are the GradScaler's to skip (it lowers the scale),
+        so only the loss is checked then."""
+        bad = ~torch.isfinite(loss.detach().float())
+        gradients = [weight.grad for weight in network.parameters() if weight.grad is not None]
+        if gradients and getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            bad |= ~torch.isfinite(torch.nn.utils.get_total_norm(gradients))
+        return self.trainer.strategy.reduce(bad.float(), reduce_op="sum").item() == 0
+
+    def _skip(self, snapshot: dict, opt_d) -> None:
+        """A non-finite step leaves no trace: statistics, D and D's optimizer go back to the snapshot."""
+        self._restore(snapshot, opt_d)
         self.bad_steps += 1
         if self.bad_steps > self.cfg.max_bad_steps:
             raise TrainingDiverged(
-                f"training diverged: {self.bad_steps} steps with a non-finite loss (train.max_bad_steps = "
-                f"{self.cfg.max_bad_steps}) at epoch {self.current_epoch + 1}; lower train.lr_g/lr_d or use "
+                f"training diverged: {self.bad_steps} steps with a non-finite loss or gradient (train.max_bad_steps "
+                f"= {self.cfg.max_bad_steps}) at epoch {self.current_epoch + 1}; lower train.lr_g/lr_d or use "
                 "train.precision: 32-true")
-        return False
 
     def _statistics(self) -> list[torch.Tensor]:
         return [*self.generator.buffers(), *self.discriminator.buffers()]
@@ -130,7 +149,7 @@ class Pix2Pix(LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> None:
         opt_g, opt_d = self.optimizers()
         thermal, real = self._images(batch)
-        buffers = [buffer.clone() for buffer in self._statistics()]  # batch-norm statistics: a few KB
+        snapshot = self._snapshot(opt_d)
         generate = self.replicas.get("generator", self.generator)
         judge = self.replicas.get("discriminator", self.discriminator)
         fake = generate(thermal)  # once per step; D sees it detached, G's loss backpropagates through it
@@ -138,32 +157,35 @@ class Pix2Pix(LightningModule):
         # Discriminator: real pairs -> "real", generated pairs -> "fake".
         loss_d = 0.5 * (gan_loss(judge(thermal, real), True, self.cfg.gan_mode)
                         + gan_loss(judge(thermal, fake.detach()), False, self.cfg.gan_mode))
-        if not self._all_finite(loss_d, buffers):
-            return
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(loss_d)
+        if not self._finite(loss_d, self.discriminator):
+            return self._skip(snapshot, opt_d)
         opt_d.step()
 
         # Generator: fool the just-updated discriminator, stay close to the real face, keep the person's identity.
-        # D's own module, frozen: this backward touches no D weight, so D's DDP wrapper stays out of it.
-        with frozen(self.discriminator):
-            loss_gan = gan_loss(self.discriminator(thermal, fake), True, self.cfg.gan_mode)
-        loss_l1 = F.l1_loss(fake.float(), real.float())
-        loss_g = loss_gan + self.cfg.lambda_l1 * loss_l1
-        losses = {"loss_d": loss_d, "loss_gan": loss_gan, "loss_l1": loss_l1}
-        if self.recognizer is not None:
-            losses["loss_id"] = F.cross_entropy(self.recognizer(fake).float(), batch["identity"])
-            loss_g = loss_g + self.cfg.lambda_id * losses["loss_id"]
-        losses["loss_g"] = loss_g
-        if not self._all_finite(loss_g, buffers):
-            return
+        losses = {"loss_d": loss_d, **self.generator_losses(thermal, real, fake, batch)}
         opt_g.zero_grad(set_to_none=True)
-        self.manual_backward(loss_g)
+        self.manual_backward(losses["loss_g"])
+        if not self._finite(losses["loss_g"], self.generator):
+            return self._skip(snapshot, opt_d)
         opt_g.step()
 
         self.images_seen += len(thermal)
         self.log_dict({name: value.detach() for name, value in losses.items()}, on_step=False, on_epoch=True,
                       sync_dist=True, batch_size=len(thermal))
+
+    def generator_losses(self, thermal: torch.Tensor, real: torch.Tensor, fake: torch.Tensor,
+                         batch: dict) -> dict[str, torch.Tensor]:
+        # D's own module, frozen: this backward touches no D weight, so D's DDP wrapper stays out of it.
+        with frozen(self.discriminator):
+            loss_gan = gan_loss(self.discriminator(thermal, fake), True, self.cfg.gan_mode)
+        loss_l1 = F.l1_loss(fake.float(), real.float())
+        losses = {"loss_gan": loss_gan, "loss_l1": loss_l1, "loss_g": loss_gan + self.cfg.lambda_l1 * loss_l1}
+        if self.recognizer is not None:
+            losses["loss_id"] = F.cross_entropy(self.recognizer(fake).float(), batch["identity"])
+            losses["loss_g"] = losses["loss_g"] + self.cfg.lambda_id * losses["loss_id"]
+        return losses
 
     def on_train_epoch_start(self) -> None:
         self.images_seen = 0
@@ -181,9 +203,17 @@ class Pix2Pix(LightningModule):
         for scheduler in self.lr_schedulers() or []:
             scheduler.step()
 
+    def on_validation_epoch_start(self) -> None:
+        if self.trainer.world_size > 1:
+            # Since DDP's last broadcast each rank's batch-norm statistics followed its own shard: validate with
+            # rank 0's, the generator that is saved. (DDP broadcasts them again before the next training forward.)
+            for buffer in self.generator.buffers():
+                torch.distributed.broadcast(buffer, src=0)
+
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         thermal, real = self._images(batch)
-        fake = self.generator(thermal)
+        with as_tested(self.generator, self.cfg.test_mode):
+            fake = self.generator(thermal)
         for name, values in image_scores(to_unit(fake), to_unit(real)).items():
             self.val_scores[name].update(values)
         self.log_dict(self.val_scores, on_step=False, on_epoch=True)

@@ -1,26 +1,20 @@
-"""The Lightning Trainer built from params: device, precision, DDP over processes/nodes, resumable checkpoints."""
+"""The Lightning Trainer built from params: device, precision, DDP over processes/nodes (checkpoints.py: what it
+saves and how a run resumes)."""
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
-from pathlib import Path
 from typing import Sequence
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities import rank_zero_only
 from torch.nn.parallel import DistributedDataParallel
 
-from thermal2visible.errors import ConfigError
+from thermal2visible.checkpoints import AtomicCheckpointIO, RandomStreams
 from thermal2visible.config import Params, TrainConfig
-
-STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
+from thermal2visible.errors import ConfigError
 
 
 def resolve_accelerator(accelerator: str) -> str:
@@ -59,19 +53,26 @@ def per_process_batch(train: TrainConfig) -> int:
     return train.batch_size // world_size(train)
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write to a temporary file beside the checkpoint, then rename: a kill mid-write leaves the old one whole.
-
-    (Lightning's own save goes through a temporary file in the system temp dir and `shutil.move`, which copies,
-    not renames, when that dir is on another filesystem.)
-    """
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        torch.save(checkpoint, temporary)
-        os.replace(temporary, path)
+def refuse_unworkable(params: Params, manifest: dict) -> None:
+    """ConfigError, naming the key and why, for a run that could not finish, before anything is trained (each of
+    these otherwise failed at the end of training, or in its first identity loss). A global batch smaller than
+    the number of processes is refused with the params already (config: batch_size divisible by them)."""
+    counts, world = manifest["counts"], world_size(params.train)
+    if counts["val"] == 0:
+        raise ConfigError(
+            f"the validation split is empty (the cache was made with preprocess.val_fraction: "
+            f"{manifest['preprocess']['val_fraction']}; with data.layout: side_by_side, {params.data.source} needs a "
+            "val/ folder): early stopping picks the model by validation PSNR, so training could never choose one")
+    if counts["val"] < world:
+        raise ConfigError(f"train.devices x num_nodes: each of the {world} processes validates its own share of the "
+                          f"{counts['val']} validation image(s) and needs at least one; raise preprocess.val_fraction "
+                          "or use fewer processes")
+    if params.train.lambda_id > 0:
+        unlabelled = sum(source["split"] == "train" and source["identity"] is None for source in manifest["sources"])
+        if unlabelled:
+            raise ConfigError(f"train.lambda_id: {params.train.lambda_id} needs the identity of every training pair, "
+                              f"but {unlabelled} have no identity folder (put each person's images in their own "
+                              "folder, or set train.lambda_id: 0)")
 
 
 class GanDDPStrategy(DDPStrategy):
@@ -109,7 +110,8 @@ def build_strategy(train: TrainConfig, accelerator: str):
 
 def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger: Logger | bool = False,
                   **overrides) -> Trainer:
-    """A Trainer for `train`; `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
+    """A Trainer for `train`, with per-rank random streams kept in its checkpoints (checkpoints.RandomStreams);
+    `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
     accelerator = resolve_accelerator(train.accelerator)
     if train.sync_batchnorm and accelerator == "cpu":
         raise ConfigError("train.sync_batchnorm: SyncBatchNorm needs GPUs (torch raises on CPU); set it to false")
@@ -117,60 +119,8 @@ def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger
         accelerator=accelerator, devices=train.devices, num_nodes=train.num_nodes,
         strategy=build_strategy(train, accelerator), precision=resolve_precision(train.precision, accelerator),
         sync_batchnorm=train.sync_batchnorm, min_epochs=train.min_epochs, max_epochs=train.max_epochs,
-        callbacks=list(callbacks), logger=logger, plugins=[AtomicCheckpointIO()],
+        callbacks=[*callbacks, RandomStreams(train.seed)], logger=logger, plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
         num_sanity_val_steps=0, enable_model_summary=False, enable_progress_bar=False, log_every_n_steps=1,
     )
     return Trainer(**(options | overrides))
-
-
-def run_fingerprint(params: Params, data_hash: str, recognizer_hash: str | None = None) -> str:
-    """Hash of what defines a training run: a checkpoint continues only a run with the same fingerprint."""
-    train = dataclasses.asdict(params.train)
-    train.pop("resume")
-    defining = {"model": dataclasses.asdict(params.model), "train": train,
-                "preprocess": dataclasses.asdict(params.preprocess),
-                "early_stop": dataclasses.asdict(params.early_stop), "data": data_hash, "recognizer": recognizer_hash}
-    return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class RunStamp(Callback):
-    """Stores the run's fingerprint and MLflow run id in every checkpoint."""
-
-    def __init__(self, fingerprint: str, mlflow_run_id: str | None):
-        self.stamp = {"fingerprint": fingerprint, "mlflow_run_id": mlflow_run_id}
-
-    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
-        checkpoint[STAMP] = dict(self.stamp)
-
-
-def checkpointing(directory: Path, fingerprint: str, mlflow_run_id: str | None) -> list[Callback]:
-    """`directory`/last.ckpt after every epoch (with the run's stamp), nothing else.
-
-    (A "top 1" by recency named "last": Lightning's save_last alone only writes when a top-k file was written.)
-    """
-    return [ModelCheckpoint(dirpath=directory, filename="last", save_top_k=1, enable_version_counter=False),
-            RunStamp(fingerprint, mlflow_run_id)]
-
-
-def find_resume(directory: Path, fingerprint: str, mode: str,
-                stale: Sequence[Path] = ()) -> tuple[Path | None, str | None]:
-    """(checkpoint to continue from, its MLflow run id), or (None, None) for a fresh start.
-
-    A fresh start deletes last.ckpt and the `stale` files that belonged to the old run (on rank 0).
-    """
-    last = directory / "last.ckpt"
-    if mode == "auto" and last.is_file():
-        try:
-            stamp = torch.load(last, map_location="cpu", weights_only=True).get(STAMP) or {}
-            reason = "belongs to another run (params or data changed)"
-        except Exception as error:  # torch.load fails in many ways on a foreign or damaged file; all mean "afresh"
-            stamp, reason = {}, f"cannot be read ({type(error).__name__})"
-        if stamp.get("fingerprint") == fingerprint:
-            return last, stamp["mlflow_run_id"]
-        if rank_zero_only.rank == 0:
-            print(f"notice: {last} {reason}; starting fresh")
-    if rank_zero_only.rank == 0:
-        for path in (last, *stale):
-            path.unlink(missing_ok=True)
-    return None, None

@@ -1,0 +1,217 @@
+"""What training leaves on disk, and the protocol that keeps it whole through kills, signals and restarts.
+
+Files (under `checkpoints/` and `models/`, see paths.py):
+  last.ckpt            Lightning's checkpoint after every epoch: weights, optimizers, schedulers, callbacks'
+                       state (early stopping's PSNR history, the MLflow metrics not yet logged), and the run stamp.
+  best_generator.pt    the generator payload of the best smoothed-PSNR epoch so far (early_stopping.py).
+  models/generator.pt  a copy of the best payload, published only when a run ends normally (pipelines/train.py).
+
+The protocol:
+  1. Every file is written to `<name>.tmp` beside it, then renamed over it (`atomic_save`): a kill mid-write
+     leaves the previous file whole, and a stray `.tmp` is never read.
+  2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights,
+     `WEIGHT_DEFINING`) and its MLflow run id.
+  3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise (or when it
+     cannot be read) the run starts afresh and deletes last.ckpt and the best file of the old run.
+  4. Every checkpoint holds every rank's random state (torch CPU and CUDA, numpy, python: `RandomStreams`), taken
+     at the epoch's end and restored before the resumed run draws anything: it draws the shuffles, crops, flips
+     and dropout masks the uninterrupted run draws, so it ends with the same weights.
+  5. The best generator is written only once a checkpoint records its epoch as the best (see
+     PsnrEarlyStopping._keep_best), so a kill never leaves a best file the resumed run disagrees with.
+  6. An epoch's metrics reach MLflow only once its checkpoint exists, and a resumed run logs those the checkpoint
+     holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
+
+The generator payload (`save_generator` / `load_generator`) is the one format evaluate and export read (translate
+and serving run its ONNX export): {"state_dict", "model" (UNetGenerator's arguments), "test_mode", + metadata:
+epoch, psnr, psnr_smoothed, preprocess, mlflow_run_id, data_hash}.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
+
+from thermal2visible.config import Params
+from thermal2visible.errors import PipelineError
+from thermal2visible.models.generator import UNetGenerator
+
+STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
+
+# Per section, the keys the trained weights depend on. Every other key only says how the run is carried out
+# (device placement, speed, logging, resuming): changing it keeps last.ckpt. devices x num_nodes defines the run
+# because batch norm normalises over each process's share of the batch. tests/test_checkpoints.py checks that
+# every key of these sections is classed here or in NOT_DEFINING, so a new key cannot be forgotten.
+WEIGHT_DEFINING = {
+    "preprocess": ("image_size", "face_crop", "crop_margin", "thermal_norm", "percentiles", "fixed_range",
+                   "split_by", "val_fraction", "test_fraction", "seed", "jitter_scale"),
+    "loader": ("jitter",),
+    "model": ("ngf", "ndf", "norm", "dropout"),
+    "train": ("batch_size", "base_batch_size", "lr_scaling", "lr_g", "lr_d", "beta1", "beta2", "gan_mode",
+              "lambda_l1", "lambda_id", "lr_decay_epochs", "min_epochs", "max_epochs", "precision", "devices",
+              "num_nodes", "sync_batchnorm", "test_mode", "seed"),
+    "early_stop": ("window", "patience"),
+}
+NOT_DEFINING = {
+    "preprocess": (),
+    "loader": ("num_workers", "pin_memory", "preload"),
+    "model": ("recompute",),
+    "train": ("accelerator", "strategy", "channels_last", "compile", "fused_adam", "resume", "max_bad_steps",
+              "image_log_every"),
+    "early_stop": (),
+}
+
+
+def atomic_save(payload: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoints through `atomic_save`. (Lightning's own save goes through a temporary file in the
+    system temp dir and `shutil.move`, which copies, not renames, when that dir is on another filesystem.)"""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        atomic_save(checkpoint, path)
+
+
+def run_fingerprint(params: Params, data_hash: str, recognizer_hash: str | None = None) -> str:
+    """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint."""
+    defining = {section: {key: getattr(getattr(params, section), key) for key in keys}
+                for section, keys in WEIGHT_DEFINING.items()}
+    defining |= {"data": data_hash, "recognizer": recognizer_hash}
+    return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and python from (seed, rank). Not `seed_everything`: it also sets
+    PL_GLOBAL_SEED, which Lightning seeds its DistributedSampler with and which must stay equal on all ranks."""
+    value = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+
+
+def random_state() -> dict:
+    """This process's random state, as plain types and tensors (what a weights_only checkpoint may hold)."""
+    name, keys, position, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
+            "python": random.getstate()}
+
+
+def set_random_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+    random.setstate(state["python"])
+
+
+class RandomStreams(Callback):
+    """Per-rank random streams that a resumed run continues.
+
+    A fresh run seeds rank r from (train.seed, r) once the module exists (built after the same `seed_everything`
+    on every rank, so the initial weights are equal; DDP broadcasts rank 0's anyway): under DDP each rank draws its
+    own crops, flips and dropout masks. Every checkpoint holds every rank's state (gathered to rank 0, which
+    writes it); a resumed run gives each rank its own back before anything is drawn.
+    """
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.restored: list[dict] | None = None  # every rank's state, from the checkpoint resumed
+
+    def state_dict(self) -> dict:
+        # Every rank builds the checkpoint (Lightning's save is collective), so every rank takes part here.
+        ranks = [random_state()]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, random_state())
+        return {"ranks": ranks}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.restored = state_dict["ranks"]
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.restored is None:
+            seed_rank(self.seed, trainer.global_rank)
+        else:
+            set_random_state(self.restored[trainer.global_rank])
+
+
+class RunStamp(Callback):
+    """Stores the run's fingerprint and MLflow run id in every checkpoint."""
+
+    def __init__(self, fingerprint: str, mlflow_run_id: str | None):
+        self.stamp = {"fingerprint": fingerprint, "mlflow_run_id": mlflow_run_id}
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        checkpoint[STAMP] = dict(self.stamp)
+
+
+def checkpointing(directory: Path, fingerprint: str, mlflow_run_id: str | None) -> list[Callback]:
+    """`directory`/last.ckpt after every epoch (with the run's stamp), nothing else.
+
+    (A "top 1" by recency named "last": Lightning's save_last alone only writes when a top-k file was written.)
+    """
+    return [ModelCheckpoint(dirpath=directory, filename="last", save_top_k=1, enable_version_counter=False),
+            RunStamp(fingerprint, mlflow_run_id)]
+
+
+def find_resume(directory: Path, fingerprint: str, mode: str,
+                stale: Sequence[Path] = ()) -> tuple[Path | None, str | None]:
+    """(checkpoint to continue from, its MLflow run id), or (None, None) for a fresh start.
+
+    A fresh start deletes last.ckpt and the `stale` files that belonged to the old run (on rank 0).
+    """
+    last = directory / "last.ckpt"
+    if mode == "auto" and last.is_file():
+        try:
+            stamp = torch.load(last, map_location="cpu", weights_only=True).get(STAMP) or {}
+            reason = "belongs to another run (params that define the weights, or the data, changed)"
+        except Exception as error:  # torch.load fails in many ways on a foreign or damaged file; all mean "afresh"
+            stamp, reason = {}, f"cannot be read ({type(error).__name__})"
+        if stamp.get("fingerprint") == fingerprint:
+            return last, stamp["mlflow_run_id"]
+        if rank_zero_only.rank == 0:
+            print(f"notice: {last} {reason}; starting fresh")
+    if rank_zero_only.rank == 0:
+        for path in (last, *stale):
+            path.unlink(missing_ok=True)
+    return None, None
+
+
+def save_generator(generator: UNetGenerator, path: str | Path, test_mode: str, **metadata) -> None:
+    """The generator payload: weights, the arguments that rebuild it, the mode it is tested in, `metadata`."""
+    state = {name: value.detach().cpu().contiguous() for name, value in generator.state_dict().items()}
+    atomic_save({"state_dict": state, "model": dict(generator.config), "test_mode": test_mode, **metadata}, path)
+
+
+def load_generator(path: str | Path) -> tuple[UNetGenerator, dict]:
+    """The generator of a payload (eval mode) and the whole payload; run it under
+    `models.generator.as_tested(generator, payload["test_mode"])`, as validation did."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{path}: no trained generator here (run the train stage first)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        generator = UNetGenerator(**payload["model"])
+        generator.load_state_dict(payload["state_dict"])
+        payload.setdefault("test_mode", "eval")  # payloads from before train.test_mode were all tested in eval
+    except (KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
+    return generator.eval(), payload
