@@ -1,12 +1,14 @@
 """params.yaml loading: the shipped file is valid, and every kind of bad value names its key."""
+import dataclasses
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.config import Params, load_params, preset_overrides
 from thermal2visible.errors import ConfigError
 
 REPO_PARAMS = "params.yaml"
@@ -74,3 +76,15 @@ def test_a_preset_that_is_not_sections_of_keys_is_refused(tmp_path):
     (tmp_path / "flat.yaml").write_text("batch_size: 4\n")
     with pytest.raises(ConfigError, match="flat.yaml: expected sections"):
         preset_overrides(tmp_path / "flat.yaml")
+
+
+def test_every_default_in_the_code_equals_params_yaml():
+    """params.yaml is the one source of values: a default in config.py that disagrees would silently differ."""
+    shipped = load_params(REPO_PARAMS)
+    disagree = [f"{section.name}.{key.name}: code {key.default!r}, "
+                f"params.yaml {getattr(getattr(shipped, section.name), key.name)!r}"
+                for section in dataclasses.fields(Params)
+                for key in dataclasses.fields(typing.get_type_hints(Params)[section.name])
+                if key.default is not dataclasses.MISSING
+                and key.default != getattr(getattr(shipped, section.name), key.name)]
+    assert not disagree, "\n".join(disagree)
