@@ -23,6 +23,7 @@ from thermal2visible.data.cache import build_cache
 from thermal2visible.data.datamodule import mirrored, random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
+from thermal2visible.pixels import unit_to_model
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -135,4 +136,4 @@ def decoded_batch(pairs: list[tuple[np.ndarray, np.ndarray]], jitter_scale: floa
     by the same pix2pix jitter as the datamodule's, then NCHW in [-1, 1]."""
     enlarged_pairs = [mirrored(enlarged(torch.from_numpy(np.stack(images)), jitter_scale)) for images in zip(*pairs)]
     windows = random_windows(enlarged_pairs, torch.arange(len(pairs)), side=pairs[0][1].shape[0])
-    return {name: images.permute(0, 3, 1, 2) * 2 - 1 for name, images in zip(("thermal", "visible"), windows)}
+    return {name: unit_to_model(images.permute(0, 3, 1, 2)) for name, images in zip(("thermal", "visible"), windows)}

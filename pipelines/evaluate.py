@@ -13,22 +13,26 @@ import torch
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
+from thermal2visible.data.cache import raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
+from thermal2visible.data.preprocess import preprocess_config
+from thermal2visible.export import run_torch
+from thermal2visible.frames import full_frame_psnr
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.checkpoints import load_generator
 from thermal2visible.models.generator import as_tested
 from thermal2visible.tracking.figures import comparison_grid, save_grid
 from thermal2visible.tracking.store import log_artifact, start_run
 from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID
+from thermal2visible.pixels import to_model, unit
 
 GRID_FACES = 8
 
 
 def mean_training_face(visible_channels: int) -> torch.Tensor:
     """(Cv,S,S) in [-1,1]: the pixel-wise mean of the training split's visible images."""
-    visible = np.load(CACHE / "train_visible.npy", mmap_mode="r")
-    mean = visible.mean(axis=0, dtype=np.float64) / 255.0 * 2 - 1
-    return torch.from_numpy(mean.astype(np.float32)).permute(2, 0, 1)[:visible_channels]
+    mean = unit(np.load(CACHE / "train_visible.npy")).mean(axis=0)
+    return torch.from_numpy(to_model(mean)[0, :visible_channels])
 
 
 def as_visible(thermal: torch.Tensor, visible_channels: int) -> torch.Tensor:
@@ -75,6 +79,13 @@ def main(params: Params) -> None:
     if data.manifest["counts"]["test"] == 0:
         raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
     results, grid = evaluate(generator, payload["test_mode"], data)
+    def generate(batch: np.ndarray) -> np.ndarray:
+        with as_tested(generator, payload["test_mode"]):
+            return run_torch(generator, batch)
+
+    # the same frames at full size, in register, through the code that serves them (frames.translate_frame)
+    results["generator"]["psnr_full_frame"] = full_frame_psnr(generate, preprocess_config(payload["preprocess"]),
+                                                              raw_pairs(CACHE, "test"))
     report = {"test_images": data.manifest["counts"]["test"], **results}
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)
     EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")

@@ -24,11 +24,22 @@ def unit(image: np.ndarray) -> np.ndarray:
     return scaled[:, :, None] if scaled.ndim == 2 else scaled
 
 
+def unit_to_model(scaled):
+    """[0, 1] -> the generator's [-1, 1], any layout (numpy array or torch tensor)."""
+    return scaled * 2.0 - 1.0
+
+
+def stored_to_model_(images, dtype):
+    """A float torch tensor holding stored `dtype` (uint8 / uint16) values -> [-1, 1], in place: the loader's hot
+    path, where a small batch costs per operation, not per pixel."""
+    return images.mul_(2.0 / FULL_SCALE[np.dtype(dtype)]).sub_(1.0)
+
+
 def to_model(images: np.ndarray) -> np.ndarray:
     """HxW[xC] or NxHxWxC pixels (uint8 / uint16 / float [0,1]) -> contiguous float32 NCHW in [-1, 1]."""
     scaled = unit(images)
     batch = scaled[None] if scaled.ndim == 3 else scaled
-    return np.ascontiguousarray(batch.transpose(0, 3, 1, 2) * 2.0 - 1.0, dtype=np.float32)
+    return np.ascontiguousarray(unit_to_model(batch.transpose(0, 3, 1, 2)), dtype=np.float32)
 
 
 def quantise(scaled: np.ndarray, dtype) -> np.ndarray:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from thermal2visible.config import LoaderConfig
 from thermal2visible.errors import PipelineError
+from thermal2visible.pixels import stored_to_model_
 from thermal2visible.data.cache import JITTER, load_manifest, load_split
 from thermal2visible.data.ingest import SPLITS
 
@@ -90,7 +91,7 @@ def model_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     as_float = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
     thermal = (batch["thermal"].permute(0, 3, 1, 2).int() & 0xFFFF).to(**as_float)  # int16 bits -> uint16
     visible = batch["visible"].permute(0, 3, 1, 2).to(**as_float)
-    return batch | {"thermal": thermal.mul_(2 / 65535).sub_(1), "visible": visible.mul_(2 / 255).sub_(1)}
+    return batch | {"thermal": stored_to_model_(thermal, np.uint16), "visible": stored_to_model_(visible, np.uint8)}
 
 
 class PairedDataModule(LightningDataModule):
