@@ -36,6 +36,13 @@ def epochs_in_checkpoint(project: Path) -> int:
     return len(next(state["history"] for key, state in checkpoint["callbacks"].items() if "PsnrEarlyStopping" in key))
 
 
+def finish(process: subprocess.Popen) -> str:
+    """The output of a run that must end normally (read while it runs: a full pipe would block it)."""
+    output = process.communicate(timeout=240)[0]
+    assert process.returncode == 0, output
+    return output
+
+
 def interrupt_after(process: subprocess.Popen, project: Path, epochs: int, how: signal.Signals) -> str:
     deadline = time.monotonic() + 180
     while epochs_in_checkpoint(project) < epochs:
@@ -83,7 +90,7 @@ def test_killed_and_terminated_runs_continue_where_they_stopped(tmp_path, tiny_c
     from mlflow import MlflowClient
 
     uninterrupted = start(project(tmp_path / "uninterrupted", tiny_cache, write_params))
-    assert uninterrupted.wait(timeout=240) == 0
+    finish(uninterrupted)
     tmp_path = project(tmp_path / "interrupted", tiny_cache, write_params)
 
     first = start(tmp_path)
@@ -120,12 +127,10 @@ def test_killed_and_terminated_runs_continue_where_they_stopped(tmp_path, tiny_c
 def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, write_params):
     short = ("train.max_epochs=2", "early_stop.window=1")
     root = project(tmp_path, tiny_cache, write_params, *short)
-    assert start(root).wait(timeout=240) == 0
+    finish(start(root))
     write_params(root, *SETTINGS, *short, "train.image_log_every=1", "loader.num_workers=1", "loader.pin_memory=true",
                  "loader.preload=false", "model.recompute=true")
-    kept = start(root)
-    assert kept.wait(timeout=240) == 0 and "continued from checkpoints/last.ckpt" in kept.communicate()[0]
+    assert "continued from checkpoints/last.ckpt" in finish(start(root))
     write_params(root, *SETTINGS, *short, "loader.jitter=false")
-    afresh = start(root)
-    output = afresh.communicate(timeout=240)[0]
-    assert afresh.returncode == 0 and "belongs to another run" in output and "continued from" not in output, output
+    output = finish(start(root))
+    assert "belongs to another run" in output and "continued from" not in output, output
