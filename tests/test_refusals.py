@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import _write_params
 
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.ingest import ingest
+from thermal2visible.errors import ConfigError
+from thermal2visible.training.trainer import resolve_accelerator
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -65,3 +68,9 @@ def test_refused_before_the_first_epoch_naming_the_key(tmp_path, caches, write_p
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "mlflow.db").exists()  # nothing trained
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: nothing to refuse")
+def test_a_gpu_setting_on_a_machine_without_one_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="train.accelerator: gpu, but this PyTorch .* sees no CUDA GPU"):
+        resolve_accelerator("gpu")

@@ -20,6 +20,9 @@ from thermal2visible.errors import ConfigError
 def resolve_accelerator(accelerator: str) -> str:
     if accelerator == "auto":
         return "gpu" if torch.cuda.is_available() else "cpu"
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.accelerator: {accelerator}, but this PyTorch ({torch.__version__}) sees no CUDA GPU "
+                          "(a CPU build, or no driver); set train.accelerator: auto to train on the CPU")
     return accelerator
 
 
