@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -240,7 +241,7 @@ class BadVideo:
     case: str
     path: str  # the input video, in the folder `write_bad_videos` wrote to
     output: str  # what translate is asked to write
-    phrase: str  # in its error
+    pattern: str  # a regular expression its error matches
 
 
 def write_bad_videos(folder: Path) -> list[BadVideo]:
@@ -254,10 +255,14 @@ def write_bad_videos(folder: Path) -> list[BadVideo]:
     (folder / "notes.mp4").write_text("not a video")
     write_video(folder / "huge.mp4", frames=2, width=640, height=512)
     return [
-        BadVideo("corrupt frame", "corrupt.mp4", "out.mp4", "corrupt.mp4: frame 5: cannot be decoded (Invalid data"),
-        BadVideo("zero bytes", "empty.mp4", "out.mp4", "empty.mp4: not a readable video"),
-        BadVideo("text named .mp4", "notes.mp4", "out.mp4", "notes.mp4: not a readable video"),
-        BadVideo("missing", "missing.mp4", "out.mp4", "missing.mp4: no such video file"),
-        BadVideo("frames over max_pixels", "huge.mp4", "out.mp4", "huge.mp4: 640x512 frames exceed max_pixels"),
-        BadVideo("output not a video", "good.mp4", "out.png", "out.png: the output of a video must be a video file"),
+        # which frame the damage lands in depends on the encoder's output: any frame, named by its number
+        BadVideo("corrupt frame", "corrupt.mp4", "out.mp4",
+                 r"corrupt\.mp4: frame \d+: cannot be decoded \(Invalid data"),
+        BadVideo("zero bytes", "empty.mp4", "out.mp4", re.escape("empty.mp4: not a readable video")),
+        BadVideo("text named .mp4", "notes.mp4", "out.mp4", re.escape("notes.mp4: not a readable video")),
+        BadVideo("missing", "missing.mp4", "out.mp4", re.escape("missing.mp4: no such video file")),
+        BadVideo("frames over max_pixels", "huge.mp4", "out.mp4",
+                 re.escape("huge.mp4: 640x512 frames exceed max_pixels")),
+        BadVideo("output not a video", "good.mp4", "out.png",
+                 re.escape("out.png: the output of a video must be a video file")),
     ]
