@@ -35,6 +35,7 @@ from PIL import Image  # noqa: E402
 
 from common import (REPORTS, RAW_SIDE, machine, markdown_table, median_seconds, synthetic_cache,  # noqa: E402
                     write_report)
+from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
 from thermal2visible.servers import model_server  # noqa: E402
 from thermal2visible.export import (cache_to_model_input, export_generator, quantize_int8, run_onnx,  # noqa: E402
                                     run_torch)
@@ -161,8 +162,9 @@ def main() -> None:
         cache, cfg = synthetic_cache(scratch / "data", args.size, 40)
         images = cache_to_model_input(np.load(cache / "train_thermal.npy"))
         torch.manual_seed(0)
-        generator = UNetGenerator(1, 3, args.size, ngf=64).eval()
-        payload = {"model": generator.config, "preprocess": dataclasses.asdict(cfg)}
+        save_generator(UNetGenerator(1, 3, args.size, ngf=64), scratch / "generator.pt", "eval",
+                       preprocess=dataclasses.asdict(cfg))
+        generator, payload = load_generator(scratch / "generator.pt")
         fp32, int8 = scratch / "generator.onnx", scratch / "generator.int8.onnx"
         export_generator(generator, payload, fp32, opset=18)
         quantize_int8(fp32, int8, images[:16])

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from common import REPORTS, write_report  # noqa: E402
 from inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
+from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
 from thermal2visible.config import PreprocessConfig  # noqa: E402
 from thermal2visible.export import export_generator  # noqa: E402
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
@@ -41,8 +42,9 @@ from thermal2visible.servers import model_server  # noqa: E402
 def served_model(folder: Path, size: int, ngf: int) -> Path:
     """A pyfunc folder (what `register` logs) around a fresh generator of side `size` and width `ngf`."""
     torch.manual_seed(0)
-    generator = UNetGenerator(1, 3, size, ngf=ngf).eval()
-    payload = {"model": generator.config, "preprocess": dataclasses.asdict(PreprocessConfig(image_size=size))}
+    save_generator(UNetGenerator(1, 3, size, ngf=ngf), folder / "generator.pt", "eval",
+                   preprocess=dataclasses.asdict(PreprocessConfig(image_size=size)))
+    generator, payload = load_generator(folder / "generator.pt")
     export_generator(generator, payload, folder / "generator.onnx", opset=18)
     mlflow.pyfunc.save_model(str(folder / "pyfunc"), **pyfunc_arguments(folder / "generator.onnx", 16_000_000))
     return folder / "pyfunc"
