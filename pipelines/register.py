@@ -13,6 +13,7 @@ from pathlib import Path
 
 import mlflow
 import mlflow.pyfunc
+from mlflow.exceptions import MlflowException
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
@@ -43,7 +44,13 @@ def test_set_scorer(cache: Path):
         raise PipelineError(f"{cache}: the test split is empty; the champion gate needs test frames")
 
     def score(model_uri: str) -> float:
-        model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+        try:
+            model = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+        except MlflowException:  # e.g. files behind a tracking server, asked for straight from its database
+            # (MLflow's own message names the tracking URI, which may hold a database password: not repeated here)
+            raise PipelineError(f"{model_uri}: its files cannot be read through MLFLOW_TRACKING_URI, so the gate "
+                                "cannot score it on the new test frames; register through the tracking server that "
+                                "stores them (nothing was moved)") from None
         return full_frame_psnr(lambda batch: run_onnx(model.session, batch), model.preprocess, pairs)
     return score
 

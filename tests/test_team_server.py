@@ -19,6 +19,7 @@ from pathlib import Path
 import mlflow.artifacts
 import pytest
 from mlflow import MlflowClient
+from thermal2visible.paths import CACHE
 from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
@@ -71,9 +72,12 @@ def postgres():
 
 
 def project_ready_to_register(root: Path, tiny_cache: Path, write_params) -> Path:
-    """What the export and evaluate stages leave for register: models/generator.onnx and their metrics."""
+    """What the earlier stages leave for register: the cache (its test frames score the gate),
+    models/generator.onnx and the export and evaluate metrics."""
     root.mkdir()
     write_params(root)
+    (root / CACHE).parent.mkdir()
+    (root / CACHE).symlink_to(tiny_cache)
     export_tiny(root / "models", tiny_cache)
     (root / "metrics").mkdir()
     (root / "metrics" / "export.json").write_text(json.dumps({"parity_max_abs_error": 0.0}))
@@ -114,11 +118,16 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
     # Straight at the database, password in the URI: it must not leak into outputs or the runs. (Its own
     # experiment: the server's experiments keep artifacts behind the server, which only an http URI reaches.)
     direct = f"postgresql://mlflow:{PASSWORD}@127.0.0.1:{postgres}/mlflow"
+    # The server's champion keeps its files behind the server: the gate cannot score it from here, and says so.
     done = register_stage(project, direct, "--set", "mlflow.experiment=direct-to-postgres")
+    assert done.returncode == 1 and "its files cannot be read through MLFLOW_TRACKING_URI" in done.stderr
+    assert "Traceback" not in done.stderr and PASSWORD not in done.stdout + done.stderr
+    done = register_stage(project, direct, "--set", "mlflow.experiment=direct-to-postgres",
+                          "--set", "register.model_name=direct-thermal2visible")
     assert done.returncode == 0, done.stderr
-    assert "version 2 as @champion" in done.stdout and PASSWORD not in done.stdout + done.stderr
+    assert "version 1 as @champion" in done.stdout and PASSWORD not in done.stdout + done.stderr
     client = MlflowClient(direct)
     for run in client.search_runs([e.experiment_id for e in client.search_experiments()]):
         assert PASSWORD not in json.dumps([run.data.params, run.data.tags, run.info.artifact_uri])
-    for version in client.search_model_versions("name='thermal2visible'"):
+    for version in client.search_model_versions("name='direct-thermal2visible'"):
         assert PASSWORD not in json.dumps([version.tags, version.source])
