@@ -13,7 +13,7 @@ import yaml
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DVC_NO_ANALYTICS"] = "1"
 
-from thermal2visible.config import Params, apply_override, load_params, preset_overrides  # noqa: E402  (after the environment is set)
+from thermal2visible.config import Params, apply_override, load_params, preset_overrides  # noqa: E402 (env set)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = preset_overrides(REPO / "params" / "tiny.yaml")

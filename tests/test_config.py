@@ -68,7 +68,8 @@ def test_preset_printed_for_dvc_exp_run_reads_back_the_same():
     printed = subprocess.run([sys.executable, "-m", "thermal2visible.config", "params/paper_gpu.yaml"],
                              capture_output=True, text=True, check=True).stdout.split()
     assert printed[::2] == ["-S"] * (len(printed) // 2)
-    assert load_params(REPO_PARAMS, printed[1::2]) == load_params(REPO_PARAMS, preset_overrides("params/paper_gpu.yaml"))
+    preset = load_params(REPO_PARAMS, preset_overrides("params/paper_gpu.yaml"))
+    assert load_params(REPO_PARAMS, printed[1::2]) == preset
     assert load_params(REPO_PARAMS, printed[1::2]).train.precision == "16-mixed"
 
 

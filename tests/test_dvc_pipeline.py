@@ -66,7 +66,8 @@ def test_dvc_yaml_writes_where_the_code_writes():
             declared |= {next(iter(entry)) if isinstance(entry, dict) else entry for entry in stage.get(kind, [])}
     not_stage_outputs = (paths.PIPELINES, paths.PRESETS, paths.QUICK_STUDY, paths.PIX2PIX_DEFAULT, paths.REPORTS,
                          paths.STUDY_REPORTS, paths.UI_SCREENSHOTS)
-    written = {str(value) for value in vars(paths).values() if isinstance(value, Path) and value not in not_stage_outputs}
+    written = {str(value) for value in vars(paths).values()
+               if isinstance(value, Path) and value not in not_stage_outputs}
     # data/ingested is the index's folder; models/generator.int8.onnx is optional (export.int8)
     assert written - declared == {str(paths.INDEX), str(paths.ONNX_INT8)}
     assert str(paths.INDEX.parent) in declared

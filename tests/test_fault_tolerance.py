@@ -194,12 +194,14 @@ def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_r
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     for key in runs[0].data.metrics:
         steps = sorted(metric.step for metric in client.get_metric_history(runs[0].info.run_id, key))
-        expected = list(range(1, EPOCHS + 1))
+        expected = list(range(WINDOW if key == "val_psnr_smoothed" else 1, EPOCHS + 1))  # smoothed from the window
         if not key.startswith("val_"):  # logged after the checkpoint: the kill just after one may have lost them
             expected = [step for step in expected if step != losses_lost_at or step in steps]
         assert steps == expected, (key, steps)
     logged = sorted(client.get_metric_history(runs[0].info.run_id, "val_psnr"), key=lambda metric: metric.step)
     assert [metric.value for metric in logged] == pytest.approx(state["history"], abs=1e-6)
+    smoothed = sorted(client.get_metric_history(runs[0].info.run_id, "val_psnr_smoothed"), key=lambda m: m.step)
+    assert [metric.value for metric in smoothed] == pytest.approx(replay.smoothed()[WINDOW - 1:], abs=1e-6)
 
 
 def tiny_project(root: Path, tiny_cache: Path, write_params, *overrides: str) -> Path:

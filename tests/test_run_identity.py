@@ -1,4 +1,5 @@
-"""What ties an MLflow run to its code, data and DVC experiment, checked on real stage runs in a fresh git + DVC repo."""
+"""What ties an MLflow run to its code, data and DVC experiment, checked on real stage runs in a fresh git + DVC
+repo."""
 import os
 import subprocess
 import sys

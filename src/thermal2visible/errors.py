@@ -1,4 +1,5 @@
-"""The errors a user can fix. Stages print them without a traceback; everything else is a bug and keeps its traceback."""
+"""The errors a user can fix. Stages print them without a traceback; anything else is a bug and keeps its
+traceback."""
 
 
 class ConfigError(ValueError):
