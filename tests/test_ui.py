@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 
 from thermal2visible.paths import CACHE
 from thermal2visible.tracking.store import data_hash
-from thermal2visible.ui import experiment_page, mlflow_ui, render, run_page, version_page
+from thermal2visible.ui import CHARTS, experiment_page, mlflow_ui, render, run_page, version_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("chromium"), reason=(
     "Debian's chromium is not installed (.ci/run installs it where apt-get works): the UI is not rendered"))]
@@ -32,7 +32,7 @@ def test_training_run_dataset_smoothed_psnr_and_registered_version_show_in_the_u
         runs = render(experiment_page(base, experiment), tmp_path / "experiment.png")
         overview = render(run_page(base, experiment, train.info.run_id), tmp_path / "run.png")
         curves = render(run_page(base, experiment, train.info.run_id, "model-metrics"), tmp_path / "metrics.png",
-                        wait_ms=40000, height=2600)
+                        **CHARTS)
         registered = render(version_page(base, "thermal2visible", version.version), tmp_path / "version.png")
 
     assert "Model training" in runs and "train_recognizer" in runs and f"cache ({digest[:8]}" in runs

@@ -28,6 +28,9 @@ from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
 from thermal2visible.tracking.store import absolute_tracking_uri
 
 MODEL_TRAINING = "workflowType=machine_learning"
+# The metric charts draw last, after their plotting library loads: a long run's 11 charts took more than 40 s of
+# headless Chromium's virtual time once; the val_* charts sit low on the page.
+CHARTS = dict(wait_ms=120000, height=2600)
 
 
 def experiment_page(base: str, experiment_id: str) -> str:
@@ -93,8 +96,7 @@ def screenshot_latest_training(store_uri: str, out_dir: Path, model_name: str, b
     if versions:
         pages["registered_version.png"] = version_page(base, model_name, versions[0].version)
     for name, url in pages.items():
-        # the metric charts draw last, after their library loads; val_* come last, further down the page
-        render(url, out_dir / name, *((40000, 2600) if name == "train_run_metrics.png" else ()))
+        render(url, out_dir / name, **(CHARTS if name == "train_run_metrics.png" else {}))
     return [out_dir / name for name in pages]
 
 
