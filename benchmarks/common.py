@@ -6,6 +6,7 @@ Timings are medians of repeats after warm-up; every figure says how many torch t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import statistics
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback
 
+from thermal2visible.cli import quiet_lightning
 from thermal2visible.config import IngestConfig, PreprocessConfig, SynthesizeConfig
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.datamodule import mirrored, random_windows
@@ -29,6 +31,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from thermal2visible.paths import REPORTS  # noqa: E402
+quiet_lightning()
+logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: False" x N
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
 
 
@@ -42,10 +46,25 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# Setting these before Python starts makes a CPU with AVX-512/bf16 compute like an AVX2-only one (CI's other kind):
+# oneDNN (convolutions), ATen's vectorized kernels and MKL all stop at AVX2. The micro-architecture stays.
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def machine() -> dict:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    limits = {name: os.environ[name] for name in ISA_LIMITS if name in os.environ}
+    widest = "AVX512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
     return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "bf16_instructions": [f for f in ("amx_bf16", "avx512_bf16") if f in flags]}
+            "torch": torch.__version__, "bf16_instructions": [f for f in ("amx_bf16", "avx512_bf16") if f in flags],
+            "isa": widest + (f", limited to {torch.backends.cpu.get_cpu_capability()} ({limits})" if limits else ""),
+            "bf16_in_use": torch.ops.mkldnn._is_mkldnn_bf16_supported()}
+
+
+def machine_text() -> str:
+    """One line naming the machine beside a figure: CPU, cores, widest vector ISA in use, threads."""
+    facts = machine()
+    return f"{facts['cpu']} ({facts['isa']}), {facts['cores']} cores, {facts['torch_threads']} torch threads"
 
 
 def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) -> float:
@@ -64,7 +83,11 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
 
     The best of the two libraries torch calls: MKL (`a @ b`; on AMD CPUs it takes a slower path for fp32) and
     oneDNN, which runs the convolutions (a 1x1 convolution over a size x 1 image in channels_last is a GEMM).
+    int8: torch's int8 x int8 -> int32 GEMM (GOP/s), the arithmetic a quantized convolution runs on.
     """
+    if dtype == torch.int8:
+        a, b = (torch.randint(-128, 128, (size, size), dtype=torch.int8) for _ in range(2))
+        return 2 * size ** 3 / median_seconds(lambda: torch._int_mm(a, b), repeats, warmup=2) / 1e9
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     image = torch.randn(1, size, size, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
     kernel = torch.randn(size, size, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)

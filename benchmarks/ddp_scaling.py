@@ -6,9 +6,10 @@ preloaded cache) under a real Trainer: 1 worker without DDP, 2 workers under the
 (Lightning's launcher starts the second rank by running the same command line again), with DDP's bucket settings
 and gradient compression varied. DDP refuses the stock
 bf16 compression hook on CPU by its name, so the bf16 hook here is the project's own, doing the same thing.
+The configurations run in interleaved rounds (benchmarks/rounds.py); the figure compared is seconds per image.
 
 Writes reports/ddp_scaling.json and reports/ddp_scaling.png.
-Usage: python benchmarks/ddp_scaling.py [--size 256] [--batches 4 8] [--repeats 4] [--configs ...]
+Usage: python benchmarks/ddp_scaling.py [--size 256] [--batches 4] [--rounds 3] [--repeats 4] [--configs ...]
 """
 
 import argparse
@@ -29,8 +30,9 @@ import torch.multiprocessing as mp  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
-from common import (REPORTS, BatchClock, machine, markdown_table, median_seconds, synthetic_cache,  # noqa: E402
-                    write_report)
+from common import (REPORTS, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
+                    synthetic_cache, write_report)
+from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.servers import free_port  # noqa: E402
 from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
@@ -50,8 +52,7 @@ CONFIGS = {
     "2 workers, bucket view, bf16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="bf16"),
     "2 workers, bucket view, fp16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="fp16"),
 }
-DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)",
-                   "2 workers, bucket view, 100 MB buckets", "2 workers, bucket view, bf16 compression"]
+DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)"]
 
 
 def bf16_allreduce(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -117,7 +118,7 @@ def allreduce_seconds(numel: int, scratch: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def run_config(name: str, batch: int, cache: Path, args, scratch: Path) -> dict:
+def seconds_per_image(name: str, batch: int, cache: Path, args, scratch: Path) -> float:
     out = scratch / "result.json"
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--worker", json.dumps(CONFIGS[name]), "--cache", str(cache),
@@ -126,29 +127,16 @@ def run_config(name: str, batch: int, cache: Path, args, scratch: Path) -> dict:
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0 or not out.is_file():
         raise RuntimeError(f"{name}: worker failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
-    result = json.loads(out.read_text())
-    workers = CONFIGS[name]["workers"]
-    rate = batch * workers / result["step_s"]
-    print(f"  batch {batch}/worker, {name:40s} {rate:6.2f} images/s  ({result['step_s']:.3f} s/step, "
-          f"{result['threads']} thread(s) per worker)", flush=True)
-    return {"config": name, "batch_per_worker": batch, "workers": workers, "threads_per_worker": result["threads"],
-            "step_s": round(result["step_s"], 4), "images_per_s": round(rate, 3)}
+    return json.loads(out.read_text())["step_s"] / (batch * CONFIGS[name]["workers"])
 
 
-def plot(results: list[dict], path: Path, title: str) -> None:
-    batches = sorted({r["batch_per_worker"] for r in results})
-    figure, axes = plt.subplots(1, len(batches), figsize=(7.5 * len(batches), 3.6), squeeze=False)
-    for axis, batch in zip(axes[0], batches):
-        rows = [r for r in results if r["batch_per_worker"] == batch]
-        bars = axis.barh([r["config"] for r in rows], [r["speedup"] for r in rows],
-                         color=["#999999"] + ["#4c72b0"] * (len(rows) - 1))
-        axis.bar_label(bars, labels=[f"x{r['speedup']:.2f} ({r['efficiency']:.0%})" for r in rows], padding=3)
+def plot(results: dict, path: Path) -> None:
+    figure, axes = plt.subplots(1, len(results), figsize=(7.5 * len(results), 3.2), squeeze=False)
+    for axis, (batch, summary) in zip(axes[0], results.items()):
+        plot_speedups(axis, summary, f"batch {batch} per worker")
         axis.axvline(2, color="black", linestyle=":", linewidth=1, label="ideal with 2 workers")
-        axis.set_xlim(0, 2.7)
-        axis.invert_yaxis()
-        axis.set(xlabel="images/s relative to 1 worker (scaling efficiency)", title=f"batch {batch} per worker")
         axis.legend(loc="lower right")
-    figure.suptitle(title)
+    figure.suptitle(f"DDP on CPU cores, 1 thread per worker (gloo); {machine_text()}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -156,7 +144,8 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--batches", type=int, nargs="+", default=[4, 8], help="per worker")
+    parser.add_argument("--batches", type=int, nargs="+", default=[4], help="per worker")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS)
@@ -169,9 +158,9 @@ def main() -> None:
         return
     if "1 worker" not in args.configs:
         parser.error("--configs must include '1 worker' (the reference)")
-    print(f"{machine()['cpu']}, {machine()['cores']} cores; {args.size} px, "
-          f"{resolve_precision('auto', 'cpu')} + channels_last + fused Adam", flush=True)
-    results = []
+    print(f"{machine_text()}; {args.size} px, {resolve_precision('auto', 'cpu')} + channels_last + fused Adam",
+          flush=True)
+    results, records = {}, {}
     with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
         pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16
         cache, _ = synthetic_cache(Path(scratch), args.size, pairs)
@@ -181,23 +170,21 @@ def main() -> None:
         print(f"  one all-reduce of the {gradients / 1e6:.1f} M gradients: " + ", ".join(
             f"{dtype} {seconds * 1000:.0f} ms" for dtype, seconds in exchange.items()), flush=True)
         for batch in args.batches:
-            rows = [run_config(name, batch, cache, args, Path(scratch)) for name in args.configs]
-            single = next(r for r in rows if r["workers"] == 1)
-            for row in rows:
-                row["speedup"] = round(row["images_per_s"] / single["images_per_s"], 3)
-                row["efficiency"] = round(row["speedup"] / row["workers"], 3)
-                # Same work per worker: what a step takes beyond the single worker's is the gradient exchange
-                # (and the two processes sharing memory bandwidth).
-                row["overhead_s"] = round(row["step_s"] - single["step_s"], 3)
-            results += rows
-    print(markdown_table(["batch/worker", "configuration", "images/s", "s/step", "overhead s/step", "speed-up",
-                          "efficiency"],
-                         [[r["batch_per_worker"], r["config"], r["images_per_s"], r["step_s"], r["overhead_s"],
-                           f"x{r['speedup']:.2f}", f"{r['efficiency']:.0%}"] for r in results]))
-    write_report("ddp_scaling", {"results": results, "size": args.size, "warmup": args.warmup,
+            calls = {name: (lambda name=name: seconds_per_image(name, batch, cache, args, Path(scratch)))
+                     for name in args.configs}
+            records[batch] = measure_rounds(calls, args.rounds, label=f"batch {batch}/worker: ")
+            results[batch] = summarize(records[batch], baseline="1 worker")
+    rows = []
+    for batch, summary in results.items():
+        for name, figures in summary["configs"].items():
+            figures["images_per_s"] = round(1 / figures["median_s"], 3)
+            figures["efficiency"] = round(figures["speedup_median"] / CONFIGS[name]["workers"], 3)
+            rows.append([batch, name, figures["images_per_s"], ratio_text(figures), f"{figures['efficiency']:.0%}"])
+    print(markdown_table(["batch/worker", "configuration", "images/s", "vs 1 worker (median [min-max])",
+                          "efficiency"], rows))
+    write_report("ddp_scaling", {"results": results, "records": records, "size": args.size, "warmup": args.warmup,
                                  "repeats": args.repeats, "gradients": gradients, "allreduce_s": exchange})
-    plot(results, REPORTS / "ddp_scaling.png",
-         f"DDP on {machine()['cores']} CPU cores, {args.size} px, 1 thread per worker (gloo)")
+    plot(results, REPORTS / "ddp_scaling.png")
     print(f"wrote {REPORTS}/ddp_scaling.json and .png")
 
 

@@ -5,20 +5,21 @@ with the old centre-square-stretched-to-the-frame as the reference, on the test 
 
 PSNR (dB, [0, 1] images, mean over frames) on the test faces as they are (square) and on two and three test faces
 side by side (2:1 and 3:1: the wide frames where the methods differ; a frame is scaled by image_size / its shorter
-side, so every square frame is one training view); latency (median ms, onnxruntime on this CPU) on a Lepton
-160x120 and a Boson 640x512 frame.
+side, so every square frame is one training view); latency (ms, onnxruntime on this CPU) on a Lepton 160x120 and a
+Boson 640x512 frame, the three methods in interleaved rounds (benchmarks/rounds.py), set against `pad`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 from skimage.metrics import peak_signal_noise_ratio
 from skimage.transform import resize
 
+from common import machine, machine_text
+from rounds import measure_rounds, ratio_text, summarize
 from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.data.preprocess import prepare_thermal, preprocess_config
@@ -40,16 +41,12 @@ def side_by_side(pairs: list[tuple[np.ndarray, np.ndarray]], count: int) -> list
     return [tuple(np.hstack(images) for images in zip(*group)) for group in groups]
 
 
-def machine() -> str:
-    match = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
-    return match.group(1) if match else "unknown CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--onnx", type=Path, default=Path("models/generator.onnx"))
     parser.add_argument("--cache", type=Path, default=Path("data/cache"))
     parser.add_argument("--out", type=Path, default=Path("reports/full_frame.json"))
+    parser.add_argument("--rounds", type=int, default=3, help="timed latency rounds after one warm-up round")
     args = parser.parse_args()
     session = onnx_session(args.onnx)
     metadata = onnx_metadata(session)
@@ -62,8 +59,8 @@ def main() -> None:
                "tile": lambda frame: translate_frame(generate, frame, cfg, "tile"),
                "stretch (before)": lambda frame: stretched(generate, frame, cfg)}
     pairs = list(raw_pairs(args.cache, "test"))
-    report = {"machine": machine(), "image_size": cfg.image_size,
-              "test_pairs": len(pairs), "psnr_db": {}, "latency_ms": {}}
+    report = {"machine": machine(), "machine_text": machine_text(), "image_size": cfg.image_size,
+              "test_pairs": len(pairs), "psnr_db": {}, "latency_ms": {}, "latency_vs_pad": {}}
     layouts = {f"{count} side by side ({count}:1)": side_by_side(pairs, count) for count in (1, 2, 3)}
     for layout, frames in layouts.items():
         report["psnr_db"][layout] = {
@@ -72,8 +69,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for height, width in ((120, 160), (512, 640)):
         frame = rng.integers(29_000, 31_000, (height, width), dtype=np.uint16)
-        report["latency_ms"][f"{width}x{height}"] = {
-            name: round(median_latency_ms(method, frame, repeats=10), 1) for name, method in methods.items()}
+        calls = {name: (lambda method=method: median_latency_ms(method, frame, repeats=5) / 1000)
+                 for name, method in methods.items()}
+        summary = summarize(measure_rounds(calls, args.rounds, label=f"{width}x{height}: "), baseline="pad")
+        report["latency_ms"][f"{width}x{height}"] = {name: round(1000 * figures["median_s"], 1)
+                                                     for name, figures in summary["configs"].items()}
+        report["latency_vs_pad"][f"{width}x{height}"] = {name: ratio_text(figures)
+                                                         for name, figures in summary["configs"].items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -5,8 +5,13 @@ The ONNX files are made by the project's own export code (export_generator, quan
 calibrated on synthetic training images); the pyfunc is the served model (serving.ThermalToVisible: PNG decode,
 training's preprocessing, onnxruntime, PNG encode). Weights are freshly initialised: speed does not depend on them.
 
+Every comparison runs in interleaved rounds (benchmarks/rounds.py): the engines at one batch size, in rotated order,
+each timed on `--repeats` calls per round; the REST and in-process pyfunc alike on `--requests` requests per round.
+Achieved GFLOP/s (the generator's forward FLOPs counted by FlopCounterMode) is set against the measured GEMM peak of
+the engine's arithmetic (fp32, bf16, int8).
+
 Writes reports/inference.json and reports/inference.png.
-Usage: python benchmarks/inference.py [--size 256] [--batches 1 8] [--repeats 10] [--requests 40] [--no-rest]
+Usage: python benchmarks/inference.py [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20] [--no-rest]
 """
 from __future__ import annotations
 
@@ -16,9 +21,7 @@ import collections
 import dataclasses
 import io
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import matplotlib
@@ -32,9 +35,11 @@ import pandas as pd  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (REPORTS, RAW_SIDE, machine, markdown_table, median_seconds, synthetic_cache,  # noqa: E402
-                    write_report)
+from common import (REPORTS, RAW_SIDE, machine_text, markdown_table, matmul_peak_gflops,  # noqa: E402
+                    median_seconds, synthetic_cache, write_report)
+from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
 from thermal2visible.servers import model_server  # noqa: E402
 from thermal2visible.export import (cache_to_model_input, export_generator, quantize_int8, run_onnx,  # noqa: E402
@@ -42,6 +47,15 @@ from thermal2visible.export import (cache_to_model_input, export_generator, quan
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.serving import IMAGE, onnx_session, pyfunc_arguments  # noqa: E402
 from thermal2visible.training.trainer import cpu_has_native_bf16  # noqa: E402
+
+
+EAGER, INT8, BF16 = "torch eager fp32", "onnxruntime int8 (static QDQ)", "torch eager bf16 + channels_last"
+IN_PROCESS, REST = "in-process pyfunc", "REST (mlflow models serve)"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+
+
+def engine_dtype(name: str) -> str:
+    return {INT8: "int8", BF16: "bf16"}.get(name, "fp32")
 
 
 def torch_bf16(generator: torch.nn.Module):
@@ -55,17 +69,23 @@ def torch_bf16(generator: torch.nn.Module):
     return predict
 
 
-def engine_latencies(engines: dict, images: np.ndarray, batches: list[int], repeats: int) -> list[dict]:
-    rows = []
+def engine_rounds(engines: dict, images: np.ndarray, batches: list[int], rounds: int, repeats: int) -> dict:
+    """Per batch size: the engines' seconds per image in interleaved rounds, summarised against torch eager."""
+    results = {}
     for batch in batches:
         inputs = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])))
-        for name, predict in engines.items():
-            seconds = median_seconds(lambda: predict(inputs), repeats, warmup=2)
-            rows.append({"engine": name, "batch": batch, "ms_per_image": round(1000 * seconds / batch, 2),
-                         "images_per_s": round(batch / seconds, 2)})
-            print(f"  {name:34s} batch {batch}: {rows[-1]['ms_per_image']:8.2f} ms/image, "
-                  f"{rows[-1]['images_per_s']:7.2f} images/s", flush=True)
-    return rows
+        calls = {name: (lambda predict=predict: median_seconds(lambda: predict(inputs), repeats) / batch)
+                 for name, predict in engines.items()}
+        records = measure_rounds(calls, rounds, label=f"batch {batch}: ")
+        results[batch] = {"summary": summarize(records, baseline=EAGER), "records": records}
+    return results
+
+
+def generator_flops(generator: torch.nn.Module, images: np.ndarray) -> int:
+    """FLOPs of one image through the generator (convolutions and matmuls, as FlopCounterMode counts them)."""
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        generator(torch.from_numpy(images[:1]))
+    return counter.get_total_flops()
 
 
 def onnxruntime_profile(path: Path, batch: np.ndarray, runs: int = 5, top: int = 6) -> list[dict]:
@@ -95,53 +115,31 @@ def request_frame(size: int) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def percentiles_ms(call, count: int) -> dict:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        call()
-        times.append(1000 * (time.perf_counter() - start))
-    return {"p50_ms": round(statistics.median(times), 2), "p99_ms": round(float(np.percentile(times, 99)), 2),
-            "requests": count}
-
-
-def rest_vs_in_process(model_dir: Path, size: int, count: int, scratch: Path) -> dict:
+def rest_vs_in_process(model_dir: Path, size: int, requests_per_round: int, rounds: int, scratch: Path) -> dict:
+    """Median seconds per request through a real `mlflow models serve` and through the same pyfunc in this process,
+    in interleaved rounds (the server's CPU time counts as this benchmark's: it is a child process)."""
     frame = request_frame(size)
     model = mlflow.pyfunc.load_model(str(model_dir))
-    in_process = percentiles_ms(lambda: model.predict(pd.DataFrame({IMAGE: [frame]})), count)
     body = {"dataframe_split": {"columns": [IMAGE], "data": [[frame]]}}
     with model_server(str(model_dir), scratch / "serve") as url, requests.Session() as session:
         def post():
-            response = session.post(f"{url}/invocations", json=body, timeout=60)
-            response.raise_for_status()
-        rest = percentiles_ms(post, count)
-    return {"in_process": in_process, "rest": rest, "frame_side": int(size * RAW_SIDE),
-            "rest_over_in_process_p50": round(rest["p50_ms"] / in_process["p50_ms"], 3)}
+            session.post(f"{url}/invocations", json=body, timeout=60).raise_for_status()
+        calls = {IN_PROCESS: lambda: median_seconds(lambda: model.predict(pd.DataFrame({IMAGE: [frame]})),
+                                                     requests_per_round),
+                 REST: lambda: median_seconds(post, requests_per_round)}
+        records = measure_rounds(calls, rounds, label="1 image per request: ")
+    return {"summary": summarize(records, baseline=IN_PROCESS), "records": records,
+            "frame_side": int(size * RAW_SIDE), "requests_per_round": requests_per_round}
 
 
-def plot(rows: list[dict], serving: dict | None, path: Path, title: str) -> None:
-    figure, axes = plt.subplots(1, 2 if serving else 1, figsize=(12 if serving else 7, 3.8), squeeze=False)
-    engines = list(dict.fromkeys(row["engine"] for row in rows))
-    batches = sorted({row["batch"] for row in rows})
-    for i, batch in enumerate(batches):
-        values = [next(r["images_per_s"] for r in rows if r["engine"] == e and r["batch"] == batch) for e in engines]
-        bars = axes[0][0].barh(np.arange(len(engines)) + i * 0.4, values, height=0.4, label=f"batch {batch}")
-        axes[0][0].bar_label(bars, fmt="%.1f", padding=2)
-    axes[0][0].set_yticks(np.arange(len(engines)) + 0.2, engines)
-    axes[0][0].invert_yaxis()
-    axes[0][0].set(xlabel="images per second", title=title)
-    axes[0][0].legend(loc="lower right")
+def plot(engines: dict, serving: dict | None, path: Path, title: str) -> None:
+    panels = len(engines) + bool(serving)
+    figure, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 3.6), squeeze=False)
+    for axis, (batch, result) in zip(axes[0], engines.items()):
+        plot_speedups(axis, result["summary"], f"{title}, batch {batch}")
     if serving:
-        names = ["in-process pyfunc", "REST (mlflow models serve)"]
-        for j, key in enumerate(("p50_ms", "p99_ms")):
-            bars = axes[0][1].bar(np.arange(2) + j * 0.4, [serving["in_process"][key], serving["rest"][key]], 0.4,
-                                  label=key.replace("_ms", ""))
-            axes[0][1].bar_label(bars, fmt="%.0f ms", padding=2)
-        axes[0][1].set_xticks(np.arange(2) + 0.2, names)
-        axes[0][1].set(ylabel="ms per request (1 image)", title=f"{serving['frame_side']} px 16-bit PNG in, PNG out")
-        axes[0][1].legend()
+        plot_speedups(axes[0][-1], serving["summary"], f"{serving['frame_side']} px 16-bit PNG in, PNG out")
+    figure.suptitle(machine_text(), fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -150,13 +148,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--requests", type=int, default=40, help="timed requests for the REST / in-process p50/p99")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per engine per round (median)")
+    parser.add_argument("--requests", type=int, default=20, help="timed requests per round, REST and in-process")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-rest", action="store_true", help="skip the model-server round trip")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"{machine()['cpu']}, torch and onnxruntime on {args.threads} threads, {args.size} px", flush=True)
+    print(f"{machine_text()}; torch and onnxruntime on {args.threads} threads, {args.size} px", flush=True)
     with tempfile.TemporaryDirectory(prefix="t2v-inference-") as scratch:
         scratch = Path(scratch)
         cache, cfg = synthetic_cache(scratch / "data", args.size, 40)
@@ -169,12 +168,13 @@ def main() -> None:
         export_generator(generator, payload, fp32, opset=18)
         quantize_int8(fp32, int8, images[:16])
         sessions = {"fp32": onnx_session(fp32), "int8": onnx_session(int8)}
-        engines = {"torch eager fp32": lambda x: run_torch(generator, x),
+        engines = {EAGER: lambda x: run_torch(generator, x),
                    "onnxruntime fp32": lambda x: run_onnx(sessions["fp32"], x),
-                   "onnxruntime int8 (static QDQ)": lambda x: run_onnx(sessions["int8"], x)}
+                   INT8: lambda x: run_onnx(sessions["int8"], x)}
         if cpu_has_native_bf16():  # emulated bf16 is ~10x slower than fp32: not worth the benchmark's minutes
-            engines["torch eager bf16 + channels_last"] = torch_bf16(generator)
-        rows = engine_latencies(engines, images[16:], args.batches, args.repeats)
+            engines[BF16] = torch_bf16(generator)
+        flops = generator_flops(generator, images)
+        results = engine_rounds(engines, images[16:], args.batches, args.rounds, args.repeats)
         profile = onnxruntime_profile(fp32, images[16:17])
         print("  where onnxruntime fp32 spends batch 1: "
               + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]), flush=True)
@@ -182,20 +182,28 @@ def main() -> None:
         if not args.no_rest:
             model_dir = scratch / "pyfunc"
             mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000))
-            serving = rest_vs_in_process(model_dir, args.size, args.requests, scratch)
-    eager = {row["batch"]: row["images_per_s"] for row in rows if row["engine"] == "torch eager fp32"}
-    for row in rows:
-        row["speedup_over_torch_eager"] = round(row["images_per_s"] / eager[row["batch"]], 2)
-    print(markdown_table(["engine", "batch", "ms/image", "images/s", "vs torch eager fp32"],
-                         [[r["engine"], r["batch"], r["ms_per_image"], r["images_per_s"],
-                           f"x{r['speedup_over_torch_eager']:.2f}"] for r in rows]))
+            serving = rest_vs_in_process(model_dir, args.size, args.requests, args.rounds, scratch)
+    peaks = {dtype: matmul_peak_gflops(DTYPES[dtype]) for dtype in sorted({engine_dtype(name) for name in engines})}
+    rows = []
+    for batch, result in results.items():
+        for name, figures in result["summary"]["configs"].items():
+            figures |= {"ms_per_image": round(1000 * figures["median_s"], 2), "dtype": engine_dtype(name),
+                        "gflops_per_s": round(flops / figures["median_s"] / 1e9, 1)}
+            figures["share_of_peak"] = round(figures["gflops_per_s"] / peaks[figures["dtype"]], 3)
+            rows.append([name, batch, figures["ms_per_image"], ratio_text(figures), figures["gflops_per_s"],
+                         f"{figures['share_of_peak']:.0%} of {figures['dtype']} peak"])
+    print(markdown_table(["engine", "batch", "ms/image", f"vs {EAGER} (median [min-max])", "GFLOP/s", "share"],
+                         rows))
+    peak_text = ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peaks.items())
+    print(f"GEMM peaks: {peak_text}; generator forward: {flops / 1e9:.1f} GFLOP per image")
     if serving:
-        print(f"pyfunc, 1 image per request: in-process p50 {serving['in_process']['p50_ms']} ms, p99 "
-              f"{serving['in_process']['p99_ms']} ms; REST p50 {serving['rest']['p50_ms']} ms, p99 "
-              f"{serving['rest']['p99_ms']} ms (x{serving['rest_over_in_process_p50']:.2f})")
-    write_report("inference", {"size": args.size, "threads": args.threads, "engines": rows,
+        figures = serving["summary"]["configs"]
+        print(f"pyfunc, 1 image per request: in-process {1000 * figures[IN_PROCESS]['median_s']:.1f} ms, REST "
+              f"{1000 * figures[REST]['median_s']:.1f} ms: REST is {ratio_text(figures[REST])} as fast")
+    write_report("inference", {"size": args.size, "threads": args.threads, "flops_per_image": flops,
+                               "matmul_peak_gflops": peaks, "engines": results,
                                "onnxruntime_fp32_profile_batch_1": profile, "serving": serving})
-    plot(rows, serving, REPORTS / "inference.png", f"Generator {args.size} px, {args.threads} threads")
+    plot(results, serving, REPORTS / "inference.png", f"Generator {args.size} px")
     print(f"wrote {REPORTS}/inference.json and .png")
 
 

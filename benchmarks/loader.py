@@ -2,13 +2,15 @@
 loader that decodes, preprocesses and jitters the raw images every epoch; all on one core (1 torch thread).
 The preloaded path is also measured without the jitter, and profiled. The cache holds the training images at the
 jitter side (preprocess) and jitters by cropping; the decode path must resample every image every epoch.
+The loaders are compared in interleaved rounds (benchmarks/rounds.py): seconds per image, each loader once a round.
 
 Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.py, preprocess.py in turn).
-Prints the figures and writes reports/loader.json and reports/loader.png.   Usage: python benchmarks/loader.py
+Prints the figures and writes reports/loader.json and reports/loader.png.
+Usage: python benchmarks/loader.py [--rounds 3]
 """
+import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from common import decoded_batch, profile_summary
+from common import decoded_batch, machine, machine_text, profile_summary
+from rounds import measure_rounds, plot_speedups, ratio_text, summarize
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import load_manifest
@@ -29,16 +32,12 @@ from thermal2visible.paths import CACHE, INDEX, REPORTS
 REPORT = REPORTS / "loader"
 EPOCHS = {"decode every epoch": 1, "cache, preload off": 10, "cache, preloaded": 10,
           "cache, preloaded, no jitter": 10}
-REPEATS = 3  # the best of a few rounds: other processes on the machine only ever slow a round down
 
 
-def images_per_second(epoch, epochs: int) -> float:
-    rates = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        images = sum(len(batch["thermal"]) for _ in range(epochs) for batch in epoch())
-        rates.append(images / (time.perf_counter() - start))
-    return max(rates)
+def seconds_per_image(epoch, epochs: int) -> float:
+    start = time.perf_counter()
+    images = sum(len(batch["thermal"]) for _ in range(epochs) for batch in epoch())
+    return (time.perf_counter() - start) / images
 
 
 def decoding_epoch(params, batch_size: int):
@@ -75,6 +74,9 @@ def main() -> None:
     # A batch of small images is too little work to split over threads; with other processes on the cores, the
     # threads mostly wait for each other (measured here: jitter 0.6 ms on one thread, 35 ms on two).
     torch.set_num_threads(1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
+    args = parser.parse_args()
     params = load_params("params.yaml")
     if not INDEX.is_file():
         raise PipelineError(f"{INDEX}: missing; make the demo data first (dvc repro preprocess)")
@@ -83,29 +85,27 @@ def main() -> None:
                "cache, preload off": cached_epoch(params, batch_size, preload=False),
                "cache, preloaded": cached_epoch(params, batch_size, preload=True),
                "cache, preloaded, no jitter": cached_epoch(params, batch_size, preload=True, jitter=False)}
-    rates = {name: images_per_second(epoch, EPOCHS[name]) for name, epoch in loaders.items()}
-    baseline = rates["decode every epoch"]
+    records = measure_rounds({name: (lambda epoch=epoch, name=name: seconds_per_image(epoch, EPOCHS[name]))
+                              for name, epoch in loaders.items()}, args.rounds)
+    summary = summarize(records, baseline="decode every epoch")
+    rates = {name: 1 / figures["median_s"] for name, figures in summary["configs"].items()}
     print(f"{manifest['counts']['train']} training pairs of {manifest['image_size']}px, batch {batch_size}, "
-          f"jitter on, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
-    for name, rate in rates.items():
-        print(f"  {name:28s} {rate:10.0f} images/s   x{rate / baseline:.1f}")
+          f"jitter on; {machine_text()}")
+    for name, figures in summary["configs"].items():
+        print(f"  {name:28s} {rates[name]:10.0f} images/s   {ratio_text(figures)}")
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     profile = profile_epochs(loaders["cache, preloaded"], EPOCHS["cache, preloaded"])
     print("  where the preloaded path's time goes: "
           + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]))
-    figures = {"images_per_second": rates, "speedup_per_core": {name: rate / baseline for name, rate in rates.items()},
+    figures = {"images_per_second": rates, "summary": summary, "records": records,
                "profile_cache_preloaded": profile, "batch_size": batch_size, "image_size": manifest["image_size"],
-               "train_pairs": manifest["counts"]["train"], "epochs": EPOCHS, "repeats": REPEATS,
-               "torch_threads": torch.get_num_threads()}
+               "train_pairs": manifest["counts"]["train"], "epochs": EPOCHS, "machine": machine()}
     REPORT.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
-    figure, axes = plt.subplots(figsize=(7, 3.4))
-    bars = axes.barh(list(rates), list(rates.values()), color=["#999999", "#4c72b0", "#55a868", "#c4c4c4"])
-    axes.bar_label(bars, labels=[f"{r:,.0f}/s" for r in rates.values()], padding=3)
+    figure, axes = plt.subplots(figsize=(8, 3.4))
+    plot_speedups(axes, summary, f"Loader, {manifest['image_size']}px, batch {batch_size}, jitter on")
     axes.set_xscale("log")
-    axes.set_xlim(right=max(rates.values()) * 5)  # room for the labels
-    axes.set_xlabel("training images per second (log scale)")
-    axes.invert_yaxis()
-    axes.set_title(f"Loader throughput, {manifest['image_size']}px, batch {batch_size}, jitter on")
+    axes.set_xlim(0.5, max(f["speedup_max"] for f in summary["configs"].values()) * 5)
+    figure.suptitle(machine_text(), fontsize=9)
     figure.tight_layout()
     figure.savefig(REPORT.with_suffix(".png"), dpi=120)
     print(f"wrote {REPORT.with_suffix('.json')} and {REPORT.with_suffix('.png')}")

@@ -1,20 +1,26 @@
-"""Images/s of one full Pix2Pix training step (D step + G step, optimizers included) on the paper's model.
+"""Images/s of one full Pix2Pix training step (D step + G step, optimizers included), set against the plain pix2pix
+step, in interleaved rounds (benchmarks/rounds.py).
 
-Every configuration trains the project's own `Pix2Pix` LightningModule under a real Trainer, so the step measured is
-the step that trains (same loss math, same Lightning precision plugin); a callback stamps the end of every batch,
-and a step's time is the gap between two stamps: fetching the batch, jitter and the whole step. The baseline is the
-default pix2pix setup: fp32, NCHW, the default Adam, every batch decoded from PNG and preprocessed on the fly
-(no cache). Then each optimization alone and all together. Achieved GFLOP/s (FLOPs counted by FlopCounterMode
-on one eager step) is set against the measured GEMM peak of the step's dtype; the fastest configuration is profiled.
-"All together" takes the precision `train.precision: auto` picks. On a CPU without bf16 instructions, bf16 is emulated
-(~10x slower than fp32): there "+ bf16-mixed" and the bf16 peak are measured only when named in --configs.
+The reference is the plain pix2pix step as the reference PyTorch code trains: the project's networks and losses, the
+default Adam, fp32, NCHW, batches already in memory, D's weights frozen for G's backward; no Lightning, no checks.
+Every other configuration trains the project's own `Pix2Pix` LightningModule under a real Trainer (the step that
+trains, non-finite checks and the precision plugin included); a callback stamps the end of every batch and a step's
+time is the gap between two stamps (fetching the batch, jitter and the whole step). "default" is what params.yaml
+trains with (precision auto, NCHW, fused Adam, preloaded cache); the others change one thing of it.
+
+At 256 px the model is the paper's (ngf/ndf 64); at other sizes it is params.yaml's. Achieved GFLOP/s (FLOPs counted
+by FlopCounterMode on one plain step) is set against the measured GEMM peak of the step's dtype, and both the plain
+and the default step are profiled. To measure an AVX2-only CPU on a newer one, start Python with
+ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
 
 Writes reports/train_step.json, reports/train_step.md and reports/train_step.png.
-Usage: python benchmarks/train_step.py [--sizes 256] [--batches 1 4] [--repeats 5] [--threads 2]
+Usage: python benchmarks/train_step.py [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -25,37 +31,107 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (REPORTS, BatchClock, decoded_batch, machine, markdown_table, matmul_peak_gflops,  # noqa: E402
-                    profile_summary, synthetic_cache, write_report)
-from thermal2visible.config import IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig, TrainConfig  # noqa: E402
+from common import (REPORTS, BatchClock, decoded_batch, machine_text, markdown_table,  # noqa: E402
+                    matmul_peak_gflops, profile_summary, synthetic_cache, write_report)
+from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
+from thermal2visible.config import (IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig,  # noqa: E402
+                                    TrainConfig)
 from thermal2visible.data.cache import load_manifest  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible  # noqa: E402
+from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers  # noqa: E402
+from thermal2visible.models.generator import UNetGenerator  # noqa: E402
+from thermal2visible.pixels import to_model  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
-from thermal2visible.training.trainer import build_trainer, cpu_has_native_bf16, resolve_precision  # noqa: E402
+from thermal2visible.training.trainer import build_trainer, resolve_precision  # noqa: E402
 
-PAPER_MODEL = ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)
-BASELINE = dict(precision="32-true", channels_last=False, fused_adam=False, compile=False, cached=False)
-OPTIMIZATIONS = {"cached input": dict(cached=True), "bf16-mixed": dict(precision="bf16-mixed"),
-                 "channels_last": dict(channels_last=True), "fused Adam": dict(fused_adam=True),
-                 "torch.compile": dict(compile=True)}
-# Together: every optimization, mixed precision as the project's default picks it (bf16 only where the CPU has
-# bf16 instructions: emulated bf16 is slower than fp32).
-ALL = {key: value for change in OPTIMIZATIONS.values() for key, value in change.items()} | dict(precision="auto")
-CONFIGS = {"fp32 baseline": {}, **{f"+ {name}": change for name, change in OPTIMIZATIONS.items()},
-           "all together": ALL, "all but compile": ALL | dict(compile=False)}
-
-
+PAPER_SIZE, PAPER_MODEL = 256, ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)
+PLAIN = "plain pix2pix step"
+# Changes to the project's default step (params.yaml's train section, preloaded cache).
+CONFIGS = {PLAIN: None, "default": {}, "default + torch.compile": dict(compile=True),
+           "default in fp32": dict(precision="32-true"),
+           "default in fp32 + torch.compile": dict(precision="32-true", compile=True),
+           "default + channels_last": dict(channels_last=True), "default, plain Adam": dict(fused_adam=False),
+           "no optimizations (fp32, NCHW, plain Adam, decoded input)": dict(
+               precision="32-true", channels_last=False, fused_adam=False, compile=False, cached=False)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def step_dtype(change: dict) -> str:
-    return "bf16" if resolve_precision((BASELINE | change)["precision"], "cpu") == "bf16-mixed" else "fp32"
+def model_for(size: int) -> ModelConfig:
+    return PAPER_MODEL if size == PAPER_SIZE else ModelConfig()
+
+
+def timed_steps(steps_at_paper_size: int, size: int) -> int:
+    """Smaller images make shorter steps, and a short step is at the mercy of the VM's hiccups: more of them, so
+    that a measurement lasts about as long at every size."""
+    return max(steps_at_paper_size, steps_at_paper_size * (PAPER_SIZE // size) ** 2 // 2)
+
+
+def step_dtype(change: dict | None) -> str:
+    precision = (change or {}).get("precision", TrainConfig().precision) if change is not None else "32-true"
+    return "bf16" if resolve_precision(precision, "cpu") == "bf16-mixed" else "fp32"
+
+
+def memory_batches(cache: Path, size: int, batch: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` batches of training pairs as model input (NCHW, [-1, 1], `size` px windows of the cached training
+    images), made once: the plain step's input."""
+    thermal, visible = (torch.from_numpy(to_model(np.load(cache / f"train_{kind}.npy")[:, :size, :size]))
+                        for kind in ("thermal", "visible"))
+    picks = [torch.arange(i * batch, (i + 1) * batch) % len(thermal) for i in range(count)]
+    return [(thermal[p].contiguous(), visible[p].contiguous()) for p in picks]
+
+
+class PlainPix2Pix:
+    """The reference pix2pix step in plain PyTorch: D on real and generated pairs, D steps, then G against the
+    updated D (D frozen) plus lambda * L1, G steps. Same networks, losses and optimizer settings as the project."""
+
+    def __init__(self, model: ModelConfig, size: int, visible_channels: int = 3):
+        train = TrainConfig()
+        self.generator = UNetGenerator(1, visible_channels, size, model.ngf, model.norm, model.dropout)
+        self.discriminator = PatchDiscriminator(1 + visible_channels, model.ndf, model.norm, patch_layers(size))
+        self.opt_g, self.opt_d = (torch.optim.Adam(net.parameters(), train.lr_g, betas=(train.beta1, train.beta2))
+                                  for net in (self.generator, self.discriminator))
+        self.lambda_l1 = train.lambda_l1
+
+    def step(self, thermal: torch.Tensor, real: torch.Tensor) -> None:
+        fake = self.generator(thermal)
+        self.discriminator.requires_grad_(True)
+        self.opt_d.zero_grad()
+        logits_real, logits_fake = self.discriminator(thermal, real), self.discriminator(thermal, fake.detach())
+        loss_d = 0.5 * (F.binary_cross_entropy_with_logits(logits_real, torch.ones_like(logits_real))
+                        + F.binary_cross_entropy_with_logits(logits_fake, torch.zeros_like(logits_fake)))
+        loss_d.backward()
+        self.opt_d.step()
+        self.discriminator.requires_grad_(False)
+        self.opt_g.zero_grad()
+        logits = self.discriminator(thermal, fake)
+        loss_g = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits)) + self.lambda_l1 * F.l1_loss(
+            fake, real)
+        loss_g.backward()
+        self.opt_g.step()
+
+
+def plain_step_seconds(size: int, batches: list, warmup: int) -> float:
+    torch.manual_seed(0)
+    plain = PlainPix2Pix(model_for(size), size)
+    stamps = []
+    for thermal, visible in batches:
+        plain.step(thermal, visible)
+        stamps.append(time.perf_counter())
+    return statistics.median(b - a for a, b in zip(stamps[warmup - 1:], stamps[warmup:]))
+
+
+def plain_step_flops(size: int, batches: list) -> int:
+    plain = PlainPix2Pix(model_for(size), size)
+    with FlopCounterMode(display=False) as counter:
+        plain.step(*batches[0])
+    return counter.get_total_flops()
 
 
 class DecodedPairs(Dataset):
@@ -77,29 +153,13 @@ def jittered_batch(samples: list) -> dict:
     return decoded_batch(samples, PreprocessConfig().jitter_scale) | {"identity": torch.full((len(samples),), -1)}
 
 
-class FlopCount(Callback):
-    """Counts the FLOPs of training batch `at` (FlopCounterMode sees forward and backward of both networks)."""
-
-    def __init__(self, at: int):
-        self.at, self.mode, self.flops = at, FlopCounterMode(display=False), 0
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        if batch_idx == self.at:
-            self.mode.__enter__()
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if batch_idx == self.at:
-            self.mode.__exit__(None, None, None)
-            self.flops = self.mode.get_total_flops()
-
-
 def fit(change: dict, batch: int, size: int, data: tuple, batches: int, callbacks: list) -> None:
-    """Train the project's Pix2Pix for `batches` batches under `change` (BASELINE settings otherwise)."""
-    settings = BASELINE | change
-    cached = settings.pop("cached")
-    train = TrainConfig(batch_size=batch, max_epochs=1, accelerator="cpu", **settings)
+    """Train the project's Pix2Pix for `batches` batches: params.yaml's train settings with `change` applied."""
+    settings = dict(change)
+    cached = settings.pop("cached", True)
+    train = dataclasses.replace(TrainConfig(), batch_size=batch, max_epochs=1, accelerator="cpu", **settings)
     seed_everything(0, verbose=False)
-    module = Pix2Pix(PAPER_MODEL, train, size, thermal_channels=1, visible_channels=3)
+    module = Pix2Pix(model_for(size), train, size, thermal_channels=1, visible_channels=3)
     trainer = build_trainer(train, callbacks=callbacks, limit_train_batches=batches, limit_val_batches=0)
     cache, cfg = data
     if cached:
@@ -110,19 +170,10 @@ def fit(change: dict, batch: int, size: int, data: tuple, batches: int, callback
         trainer.fit(module, train_dataloaders=loader)
 
 
-def measure(name: str, change: dict, batch: int, size: int, data: tuple, warmup: int, repeats: int,
-            count_flops: bool) -> dict:
-    clock = BatchClock(warmup + repeats)
-    callbacks = [clock] + ([FlopCount(at=warmup + repeats)] if count_flops else [])
-    started = time.perf_counter()
-    fit(change, batch, size, data, warmup + repeats + count_flops, callbacks)
-    step = clock.step_seconds(warmup)
-    dtype = step_dtype(change)
-    result = {"config": name, "batch": batch, "size": size, "dtype": dtype, "step_s": round(step, 4),
-              "images_per_s": round(batch / step, 3), "warmup_s": round(clock.stamps[warmup - 1] - started, 1)}
-    print(f"  {name:22s} batch {batch}: {result['images_per_s']:7.2f} images/s  ({step:.3f} s/step; set-up and "
-          f"warm-up, compilation included: {result['warmup_s']} s)", flush=True)
-    return result | ({"flops_per_step": callbacks[1].flops} if count_flops else {})
+def project_step_seconds(change: dict, batch: int, size: int, data: tuple, warmup: int, steps: int) -> float:
+    clock = BatchClock(warmup + steps)
+    fit(change, batch, size, data, warmup + steps, [clock])
+    return clock.step_seconds(warmup)
 
 
 class Profiled(Callback):
@@ -137,79 +188,90 @@ class Profiled(Callback):
         self.profile.__exit__(None, None, None)
 
 
-def profile_steps(change: dict, batch: int, size: int, data: tuple) -> list[dict]:
-    """Where two eager steps of a configuration spend their time (after one warm-up step)."""
+def profiles(batch: int, size: int, data: tuple, batches: list) -> dict:
+    """Where two eager steps of the plain and of the default configuration spend their time (after a warm-up)."""
+    plain = PlainPix2Pix(model_for(size), size)
+    plain.step(*batches[0])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for thermal, visible in batches[1:3]:
+            plain.step(thermal, visible)
     profiled = Profiled()
-    fit(change | dict(compile=False), batch, size, data, 3, [profiled])
-    return profile_summary(profiled.profile)
+    fit({}, batch, size, data, 3, [profiled])
+    return {PLAIN: profile_summary(profile), "default": profile_summary(profiled.profile)}
 
 
 def plot(results: list[dict], path: Path) -> None:
-    batches = sorted({r["batch"] for r in results})
-    figure, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 3.8), squeeze=False)
-    for axis, batch in zip(axes[0], batches):
-        rows = [r for r in results if r["batch"] == batch]
-        bars = axis.barh([r["config"] for r in rows], [r["speedup"] for r in rows],
-                         color=["#999999"] + ["#4c72b0"] * (len(rows) - 3) + ["#55a868", "#8172b2"])
-        axis.bar_label(bars, labels=[f"x{r['speedup']:.2f} ({r['images_per_s']:.2f}/s)" for r in rows], padding=3)
-        axis.axvline(1, color="black", linewidth=0.8)
-        axis.set_xlim(right=max(r["speedup"] for r in rows) * 1.5)
-        axis.invert_yaxis()
-        axis.set(xlabel="speed-up over the fp32 baseline", title=f"{rows[0]['size']} px, batch {batch}")
-    figure.suptitle(f"Pix2Pix training step (ngf/ndf 64), {torch.get_num_threads()} threads")
+    figure, axes = plt.subplots(1, len(results), figsize=(7.5 * len(results), 0.5 * len(results[0]["summary"][
+        "configs"]) + 1.8), squeeze=False)
+    for axis, result in zip(axes[0], results):
+        plot_speedups(axis, result["summary"], f"{result['size']} px (ngf {result['ngf']}), batch {result['batch']}")
+    figure.suptitle(f"Pix2Pix training step, {machine_text()}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[256])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
-    # Without bf16 instructions bf16 is emulated, ~10x slower than fp32: it runs only when asked for by name.
-    default_configs = [name for name, change in CONFIGS.items()
-                       if cpu_has_native_bf16() or change.get("precision") != "bf16-mixed"]
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=default_configs)
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per configuration")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256], help="64: params.yaml's demo size")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS),
+                        default=[PLAIN, "default", "default + channels_last", "default + torch.compile",
+                                 "default in fp32"])
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="timed steps per configuration per round at 256 px (more at smaller sizes)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--no-profile", action="store_true", help="skip profiling the fastest configuration")
+    parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    dtypes = {"fp32"} | {step_dtype(CONFIGS[name]) for name in args.configs}
-    peaks = {dtype: matmul_peak_gflops(DTYPES[dtype]) for dtype in sorted(dtypes, reverse=True)}
+    configs = {name: CONFIGS[name] for name in dict.fromkeys([PLAIN, *args.configs])}
+    if all(step_dtype(change) == "fp32" for change in configs.values() if change is not None):
+        configs = {name: change for name, change in configs.items() if name != "default in fp32"}  # same as default
+    dtypes = sorted({step_dtype(change) for change in configs.values()}, reverse=True)
+    peaks = {dtype: matmul_peak_gflops(DTYPES[dtype]) for dtype in dtypes}
     peak_text = ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peaks.items())
-    print(f"{machine()['cpu']}, {args.threads} threads; GEMM peak {peak_text}", flush=True)
-    results, profiles = [], {}
+    print(f"{machine_text()}; GEMM peak {peak_text}", flush=True)
+    results = []
     with tempfile.TemporaryDirectory(prefix="t2v-train-step-") as scratch:
         for size in args.sizes:
-            pairs = int(max(args.batches) * (args.warmup + args.repeats + 2) / 0.9) + 4
+            torch._dynamo.reset()  # else a second size recompiles with dynamic shapes: a different (slower) program
+            steps = timed_steps(args.steps, size)
+            pairs = int(args.batch * (args.warmup + steps + 2) / 0.9) + 4
             data = synthetic_cache(Path(scratch) / str(size), size, pairs)
-            for batch in args.batches:
-                rows = [measure(name, CONFIGS[name], batch, size, data, args.warmup, args.repeats,
-                                count_flops=i == 0) for i, name in enumerate(args.configs)]
-                flops = rows[0].get("flops_per_step", 0)
-                for row in rows:
-                    row["speedup"] = round(rows[0]["step_s"] / row["step_s"], 3)
-                    row["gflops_per_s"] = round(flops / row["step_s"] / 1e9, 1)
-                    row["share_of_peak"] = round(row["gflops_per_s"] / peaks[row["dtype"]], 3)
-                results += rows
-                if not args.no_profile:
-                    fastest = min(rows, key=lambda row: row["step_s"])
-                    profiles[f"{size}px batch {batch}: {fastest['config']}"] = profile_steps(
-                        CONFIGS[fastest["config"]], batch, size, data)
-    header = ["size", "batch", "configuration", "images/s", "s/step", "speed-up", "GFLOP/s", "of dtype peak"]
-    table = markdown_table(header, [[r["size"], r["batch"], r["config"], r["images_per_s"], r["step_s"],
-                                     f"x{r['speedup']:.2f}", r["gflops_per_s"], f"{r['share_of_peak']:.0%}"]
-                                    for r in results])
+            batches = memory_batches(data[0], size, args.batch, args.warmup + steps)
+            measurements = {name: (lambda: plain_step_seconds(size, batches, args.warmup)) if change is None else
+                            (lambda change=change: project_step_seconds(change, args.batch, size, data, args.warmup,
+                                                                        steps))
+                            for name, change in configs.items()}
+            records = measure_rounds(measurements, args.rounds, label=f"{size} px: ")
+            summary = summarize(records, baseline=PLAIN)
+            flops = plain_step_flops(size, batches)
+            for name, figures in summary["configs"].items():
+                figures["images_per_s"] = round(args.batch / figures["median_s"], 3)
+                figures["gflops_per_s"] = round(flops / figures["median_s"] / 1e9, 1)
+                figures["dtype"] = step_dtype(configs[name])
+                figures["share_of_peak"] = round(figures["gflops_per_s"] / peaks[figures["dtype"]], 3)
+            results.append({"size": size, "ngf": model_for(size).ngf, "batch": args.batch, "steps": steps,
+                            "flops_per_step": flops, "summary": summary, "records": records,
+                            "profiles": {} if args.no_profile else profiles(args.batch, size, data, batches)})
+    header = ["size", "batch", "configuration", "images/s", "vs plain step (median [min-max])", "GFLOP/s",
+              "of dtype peak"]
+    table = markdown_table(header, [[r["size"], r["batch"], name, f["images_per_s"], ratio_text(f),
+                                     f["gflops_per_s"], f"{f['share_of_peak']:.0%} {f['dtype']}"]
+                                    for r in results for name, f in r["summary"]["configs"].items()])
     print(table)
     write_report("train_step", {"results": results, "matmul_peak_gflops": peaks, "threads": args.threads,
-                                "warmup": args.warmup, "repeats": args.repeats, "profiles": profiles})
-    profile_text = "".join(f"\n### Profile: {name} (eager, self CPU time)\n\n" + markdown_table(
-        ["op", "calls", "self ms", "share"], [[p["op"], p["calls"], p["self_ms"], f"{p['share']:.0%}"] for p in rows])
-        for name, rows in profiles.items())
+                                "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds})
+    profile_text = "".join(
+        f"\n### Profile: {r['size']} px batch {r['batch']}, {name} (eager, self CPU time)\n\n" + markdown_table(
+            ["op", "calls", "self ms", "share"], [[p["op"], p["calls"], p["self_ms"], f"{p['share']:.0%}"]
+                                                 for p in rows]) for r in results for name, rows in r["profiles"].items())
+    steps_text = ", ".join(f"{r['steps']} at {r['size']} px" for r in results)
     (REPORTS / "train_step.md").write_text(
-        f"# Training step, {machine()['cpu']}, {args.threads} threads\n\nGEMM peak: {peak_text} (2048x2048)."
-        f"\n\n{table}{profile_text}")
+        f"# Training step, {machine_text()}\n\nGEMM peak: {peak_text} (2048x2048). {args.rounds} interleaved rounds "
+        f"after a warm-up round; timed steps per measurement: {steps_text}; speed-up = plain step time / configuration time in "
+        f"the same round.\n\n{table}{profile_text}")
     plot(results, REPORTS / "train_step.png")
     print(f"wrote {REPORTS}/train_step.json, .md and .png")
 

@@ -177,6 +177,33 @@ def test_a_non_finite_generator_step_undoes_the_discriminator_step_before_it(poi
     assert module.optimizers()[1].optimizer.state_dict()["state"] == {}  # Adam never stepped D: no moments, no count
 
 
+class PoisonedThirdStep(Pix2Pix):
+    """Batch 2's G loss is NaN, after two good steps gave D its Adam moments; keeps everything as batch 2 began."""
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if batch_idx == 2:
+            self.before = {name: value.clone() for name, value in self.state_dict().items()}
+            self.adam_before = {key: [value.clone() for value in state.values()]
+                                for key, state in self.optimizers()[1].optimizer.state_dict()["state"].items()}
+
+    def generator_losses(self, thermal, real, fake, batch):
+        losses = super().generator_losses(thermal, real, fake, batch)
+        if self.trainer.fit_loop.epoch_loop.batch_idx == 2:
+            losses["loss_g"] = losses["loss_g"] * math.nan
+        return losses
+
+
+def test_a_non_finite_step_after_good_ones_puts_back_weights_statistics_and_adam_moments():
+    module = PoisonedThirdStep(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+    build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=3).fit(
+        module, train_dataloaders=loader(count=6))
+    assert module.bad_steps == 1
+    assert [name for name, value in module.state_dict().items() if not torch.equal(value, module.before[name])] == []
+    adam = module.optimizers()[1].optimizer.state_dict()["state"]
+    assert len(adam) == len(module.adam_before) > 0
+    assert all(torch.equal(a, b) for key, state in adam.items() for a, b in zip(state.values(), module.adam_before[key]))
+
+
 def test_identity_loss_uses_a_frozen_recognizer():
     recognizer = IdentityRecognizer(3, 2, width=4).eval().requires_grad_(False)
     frozen = weights(recognizer)

@@ -99,7 +99,7 @@ class TrainConfig:
     num_nodes: int = 1
     strategy: str = "auto"
     sync_batchnorm: bool = False
-    channels_last: bool = True
+    channels_last: bool = False
     compile: bool = False
     fused_adam: bool = True
     resume: Literal["auto", "never"] = "auto"

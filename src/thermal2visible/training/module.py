@@ -9,7 +9,6 @@ normalises each process's share, and each rank draws its own crops and dropout m
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 from contextlib import contextmanager
@@ -84,6 +83,7 @@ class Pix2Pix(LightningModule):
         self.recognizer = recognizer if train.lambda_id > 0 else None
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0
+        self._saved: list[torch.Tensor] = []  # _snapshot's buffers
         self.images_seen = 0
         self.epoch_started = time.perf_counter()
         self.train_seconds = 0.0
@@ -110,18 +110,32 @@ class Pix2Pix(LightningModule):
         layout = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         return (batch["thermal"].contiguous(memory_format=layout), batch["visible"].contiguous(memory_format=layout))
 
-    def _snapshot(self, opt_d) -> dict:
-        """What a step may change before it knows it is finite: batch-norm statistics (a few KB), and D's weights
-        and optimizer state (D steps before G's loss exists, since G's loss needs the updated D)."""
-        return {"buffers": [buffer.clone() for buffer in self._statistics()],
-                "discriminator": copy.deepcopy(self.discriminator.state_dict()),
-                "opt_d": copy.deepcopy(opt_d.optimizer.state_dict())}
+    def _undoable(self, opt_d) -> list[torch.Tensor]:
+        """What a step may change before it knows it is finite: batch-norm statistics, and D's weights and optimizer
+        state (D steps before G's loss exists, since G's loss needs the updated D)."""
+        moments = [value for weight in self.discriminator.parameters()
+                   for value in opt_d.optimizer.state.get(weight, {}).values() if torch.is_tensor(value)]
+        return [*self._statistics(), *self.discriminator.parameters(), *moments]
 
-    def _restore(self, snapshot: dict, opt_d) -> None:
-        for buffer, saved in zip(self._statistics(), snapshot["buffers"]):
-            buffer.copy_(saved)
-        self.discriminator.load_state_dict(snapshot["discriminator"])
-        opt_d.optimizer.load_state_dict(snapshot["opt_d"])
+    @torch.no_grad()
+    def _snapshot(self, opt_d) -> list[torch.Tensor]:
+        """A copy of `_undoable` in buffers kept from step to step: one fused copy, no allocation (a deepcopy of the
+        state dicts cost 15 % of a 64 px step). Before D's first step Adam has no state: the copy is then shorter."""
+        live = self._undoable(opt_d)
+        if len(self._saved) != len(live):
+            self._saved = [tensor.detach().clone() for tensor in live]
+        else:
+            torch._foreach_copy_(self._saved, live)
+        return self._saved
+
+    @torch.no_grad()
+    def _restore(self, snapshot: list[torch.Tensor], opt_d) -> None:
+        live = self._undoable(opt_d)
+        if len(live) != len(snapshot):  # D's first step made Adam's state: undo it by forgetting it
+            for weight in self.discriminator.parameters():
+                opt_d.optimizer.state.pop(weight, None)
+            live = self._undoable(opt_d)
+        torch._foreach_copy_(live, snapshot)
 
     def _finite(self, loss: torch.Tensor, network: nn.Module) -> bool:
         """Whether `loss` and `network`'s gradients are finite on every process (all skip a step together, or DDP
@@ -133,7 +147,7 @@ class Pix2Pix(LightningModule):
             bad |= ~torch.isfinite(torch.nn.utils.get_total_norm(gradients))
         return self.trainer.strategy.reduce(bad.float(), reduce_op="sum").item() == 0
 
-    def _skip(self, snapshot: dict, opt_d) -> None:
+    def _skip(self, snapshot: list[torch.Tensor], opt_d) -> None:
         """A non-finite step leaves no trace: statistics, D and D's optimizer go back to the snapshot."""
         self._restore(snapshot, opt_d)
         self.bad_steps += 1

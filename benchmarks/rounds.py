@@ -1,0 +1,145 @@
+"""Interleaved rounds: how every benchmark compares configurations on a noisy VM.
+
+A single sequential run cannot tell a lead from a slow stretch of the machine (a x2.11 once re-measured as x0.97).
+So each round measures every configuration once, in an order rotated from round to round (A B C, B C A, C A B, ...),
+after untimed warm-up rounds; a configuration's figure in a round is set against the baseline's in the *same* round,
+and the report gives the median of those per-round ratios with their spread (min-max). A spread that crosses 1.0 is
+"no measurable difference".
+
+Around every measurement the machine is watched through /proc: CPU steal (the hypervisor ran someone else) and the
+CPU time of processes outside this benchmark's own process tree. A round with steal or foreign load above the
+thresholds is flagged and left out of the ratios, as long as enough clean rounds remain (else all rounds count and the
+summary says so).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import Callable
+
+STEAL_LIMIT = 0.05  # share of the machine's CPU time stolen by the hypervisor
+FOREIGN_LIMIT = 0.10  # share of the machine's CPU time used by processes outside this benchmark
+MIN_CLEAN_ROUNDS = 3
+
+
+def _machine_ticks() -> tuple[int, int, int]:
+    """(all, busy, steal) clock ticks of every CPU since boot (/proc/stat; guest time is already in user)."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    total = user + nice + system + idle + iowait + irq + softirq + steal
+    return total, total - idle - iowait - steal, steal
+
+
+def _tree_ticks() -> int:
+    """CPU ticks of this process and all its descendants, alive or reaped (a reaped child's time moves to its parent's
+    cutime/cstime, so the sum stays continuous when a child exits)."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited while we looked
+                continue
+            stats[int(entry.name)] = (int(fields[1]), sum(int(value) for value in fields[11:15]))
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in stats.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier += children
+    return sum(stats[pid][1] for pid in tree if pid in stats)
+
+
+class MachineLoad:
+    """Context manager: the steal share and the foreign-process share of the machine's CPU time while it was open."""
+
+    def __enter__(self) -> "MachineLoad":
+        self._machine, self._tree = _machine_ticks(), _tree_ticks()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        (total, busy, steal), tree = _machine_ticks(), _tree_ticks()
+        total -= self._machine[0]
+        self.steal = (steal - self._machine[2]) / total if total else 0.0
+        self.foreign = max(0.0, (busy - self._machine[1]) - (tree - self._tree)) / total if total else 0.0
+        self.flagged = self.steal > STEAL_LIMIT or self.foreign > FOREIGN_LIMIT
+
+
+def rotated(names: list[str], round_index: int) -> list[str]:
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def measure_rounds(measurements: dict[str, Callable[[], float]], rounds: int, warmup_rounds: int = 1,
+                   label: str = "") -> list[dict]:
+    """Run every measurement once per round, order rotated each round; each callable returns one figure (seconds,
+    lower is better). Warm-up rounds run untimed first. Returns one record per timed measurement."""
+    names, records = list(measurements), []
+    for round_index in range(-warmup_rounds, rounds):
+        for name in rotated(names, round_index):
+            with MachineLoad() as load:
+                seconds = measurements[name]()
+            if round_index < 0:
+                print(f"  {label}warm-up {name}: {seconds:.4g} s", flush=True)
+                continue
+            records.append({"config": name, "round": round_index, "seconds": seconds, "steal": round(load.steal, 3),
+                            "foreign_load": round(load.foreign, 3), "flagged": load.flagged})
+            flag = "  FLAGGED (steal %.0f%%, foreign load %.0f%%)" % (100 * load.steal, 100 * load.foreign) \
+                if load.flagged else ""
+            print(f"  {label}round {round_index + 1}/{rounds} {name}: {seconds:.4g} s{flag}", flush=True)
+    return records
+
+
+def verdict(low: float, high: float) -> str:
+    if low == high == 1.0:
+        return "baseline"
+    if low <= 1.0 <= high:
+        return "no measurable difference"
+    return "faster" if low > 1.0 else "slower"
+
+
+def summarize(records: list[dict], baseline: str) -> dict:
+    """Per configuration: median seconds, and the speed-up over `baseline` (baseline seconds / its seconds in the same
+    round) as median and min-max over the clean rounds."""
+    by_round: dict[int, dict[str, dict]] = {}
+    for record in records:
+        by_round.setdefault(record["round"], {})[record["config"]] = record
+    clean = [r for r, row in by_round.items() if not any(record["flagged"] for record in row.values())]
+    all_rounds_counted = len(clean) < min(MIN_CLEAN_ROUNDS, len(by_round))
+    counted = sorted(by_round) if all_rounds_counted else clean
+    summary = {"baseline": baseline, "rounds": len(by_round), "rounds_counted": len(counted),
+               "flagged_rounds_counted": all_rounds_counted, "configs": {}}
+    for name in by_round[counted[0]]:
+        ratios = [by_round[r][baseline]["seconds"] / by_round[r][name]["seconds"] for r in counted]
+        summary["configs"][name] = {
+            "median_s": statistics.median(by_round[r][name]["seconds"] for r in counted),
+            "speedup_median": round(statistics.median(ratios), 3), "speedup_min": round(min(ratios), 3),
+            "speedup_max": round(max(ratios), 3), "verdict": verdict(min(ratios), max(ratios))}
+    return summary
+
+
+def ratio_text(figures: dict) -> str:
+    """'x1.32 [1.28-1.37]' or 'x1.02 [0.97-1.06], no measurable difference'."""
+    if figures["verdict"] == "baseline":
+        return "x1 (baseline)"
+    text = f"x{figures['speedup_median']:.2f} [{figures['speedup_min']:.2f}-{figures['speedup_max']:.2f}]"
+    return text + (", no measurable difference" if figures["verdict"] == "no measurable difference" else "")
+
+
+def plot_speedups(axis, summary: dict, title: str) -> None:
+    """Horizontal bars of the median speed-up with the min-max spread as error bars, and the 1.0 line."""
+    names = list(summary["configs"])
+    figures = [summary["configs"][name] for name in names]
+    medians = [f["speedup_median"] for f in figures]
+    spread = [[m - f["speedup_min"] for m, f in zip(medians, figures)],
+              [f["speedup_max"] - m for m, f in zip(medians, figures)]]
+    palette = {"baseline": "#4c72b0", "no measurable difference": "#999999", "faster": "#55a868", "slower": "#c44e52"}
+    colours = [palette[f["verdict"]] for f in figures]
+    bars = axis.barh(names, medians, xerr=spread, color=colours, capsize=3)
+    axis.bar_label(bars, labels=[ratio_text(f).split(",")[0] for f in figures], padding=8, fontsize=8)
+    axis.axvline(1, color="black", linewidth=0.8)
+    axis.set_xlim(0, max(f["speedup_max"] for f in figures) * 1.6)
+    axis.invert_yaxis()
+    axis.set(xlabel=f"speed-up over {summary['baseline']} (median, min-max of {summary['rounds_counted']} rounds)",
+             title=title)

@@ -1,0 +1,91 @@
+"""The interleaved-rounds method every benchmark uses (benchmarks/rounds.py), on real processes, and a smoke run of
+the training-step benchmark. Speed itself is never asserted here: that is the benchmarks' job."""
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("rounds", REPO / "benchmarks" / "rounds.py")
+rounds = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rounds)
+
+
+def test_each_round_runs_every_configuration_in_a_rotated_order():
+    calls = []
+    measurements = {name: (lambda name=name, seconds=seconds: calls.append(name) or seconds)
+                    for name, seconds in (("a", 0.2), ("b", 0.1), ("c", 0.4))}
+    records = rounds.measure_rounds(measurements, rounds=3, warmup_rounds=1)
+    assert calls == ["c", "a", "b",  "a", "b", "c",  "b", "c", "a",  "c", "a", "b"]  # warm-up round first
+    assert [r["round"] for r in records] == [0] * 3 + [1] * 3 + [2] * 3
+    summary = rounds.summarize(records, baseline="a")
+    assert summary["configs"]["b"]["speedup_median"] == 2.0 and summary["configs"]["b"]["verdict"] == "faster"
+    assert summary["configs"]["c"]["speedup_median"] == 0.5 and summary["configs"]["c"]["verdict"] == "slower"
+    assert summary["configs"]["a"]["verdict"] == "baseline"
+
+
+def test_a_spread_that_crosses_one_is_no_measurable_difference():
+    records = [{"config": name, "round": r, "seconds": seconds, "flagged": False}
+               for r, (a, b) in enumerate([(1.0, 0.9), (1.0, 1.1), (1.0, 0.95)]) for name, seconds in (("a", a),
+                                                                                                       ("b", b))]
+    figures = rounds.summarize(records, baseline="a")["configs"]["b"]
+    assert figures["speedup_min"] < 1 < figures["speedup_max"]
+    assert figures["verdict"] == "no measurable difference"
+    assert rounds.ratio_text(figures).endswith("no measurable difference")
+
+
+def test_flagged_rounds_are_left_out_while_enough_clean_ones_remain():
+    records = [{"config": name, "round": r, "seconds": seconds, "flagged": r == 1}
+               for r, b in enumerate([0.5, 5.0, 0.5, 0.5]) for name, seconds in (("a", 1.0), ("b", b))]
+    summary = rounds.summarize(records, baseline="a")
+    assert summary["rounds_counted"] == 3 and not summary["flagged_rounds_counted"]
+    assert summary["configs"]["b"]["speedup_min"] == 2.0  # the round under load (x0.2) is not among them
+    records = [dict(record, flagged=record["round"] > 0) for record in records]
+    assert rounds.summarize(records, baseline="a")["flagged_rounds_counted"]  # too few clean: all count, and it says so
+
+
+def busy_seconds(seconds: float) -> float:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return seconds
+
+
+def test_load_from_another_process_is_foreign_and_our_own_children_are_not():
+    # A busy loop whose parent shell has exited belongs to no one here: it is someone else's load.
+    orphan = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                            capture_output=True, text=True, check=True)
+    pid = int(orphan.stdout)
+    try:
+        time.sleep(0.5)
+        with rounds.MachineLoad() as load:
+            time.sleep(1.0)
+        assert load.foreign > 0.3 / os.cpu_count() and load.flagged
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    with rounds.MachineLoad() as own:
+        subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"],
+                       check=True)
+    assert own.foreign < rounds.FOREIGN_LIMIT and not own.flagged
+
+
+@pytest.mark.slow
+def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_step.py"), "--sizes", "32", "--rounds", "2",
+                           "--steps", "1", "--configs", "default", "--no-profile"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "reports" / "train_step.json").read_text())
+    (result,) = report["results"]
+    assert result["summary"]["rounds"] == 2 and len(result["records"]) == 4
+    figures = result["summary"]["configs"]["default"]
+    assert figures["speedup_min"] <= figures["speedup_median"] <= figures["speedup_max"]
+    assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
+    assert (tmp_path / "reports" / "train_step.png").stat().st_size > 0
