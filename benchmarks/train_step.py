@@ -13,8 +13,9 @@ by FlopCounterMode on one plain step) is set against the measured GEMM peak of t
 and the default step are profiled. To measure an AVX2-only CPU on a newer one, start Python with
 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
 
-Writes reports/train_step.json, reports/train_step.md and reports/train_step.png.
+Writes reports/train_step.json, reports/train_step.md and reports/train_step.png (--report names them otherwise).
 Usage: python benchmarks/train_step.py [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
+       [--report train_step]
 """
 from __future__ import annotations
 
@@ -223,6 +224,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--report", default="train_step",
+                        help="name of the reports/<name>.{json,md,png} files (e.g. train_step_avx2 for a run limited "
+                             "to AVX2, see README 'Performance')")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     configs = {name: CONFIGS[name] for name in dict.fromkeys([PLAIN, *args.configs])}
@@ -261,19 +265,19 @@ def main() -> None:
                                      f["gflops_per_s"], f"{f['share_of_peak']:.0%} {f['dtype']}"]
                                     for r in results for name, f in r["summary"]["configs"].items()])
     print(table)
-    write_report("train_step", {"results": results, "matmul_peak_gflops": peaks, "threads": args.threads,
+    write_report(args.report, {"results": results, "matmul_peak_gflops": peaks, "threads": args.threads,
                                 "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds})
     profile_text = "".join(
         f"\n### Profile: {r['size']} px batch {r['batch']}, {name} (eager, self CPU time)\n\n" + markdown_table(
             ["op", "calls", "self ms", "share"], [[p["op"], p["calls"], p["self_ms"], f"{p['share']:.0%}"]
                                                  for p in rows]) for r in results for name, rows in r["profiles"].items())
     steps_text = ", ".join(f"{r['steps']} at {r['size']} px" for r in results)
-    (REPORTS / "train_step.md").write_text(
+    (REPORTS / f"{args.report}.md").write_text(
         f"# Training step, {machine_text()}\n\nGEMM peak: {peak_text} (2048x2048). {args.rounds} interleaved rounds "
         f"after a warm-up round; timed steps per measurement: {steps_text}; speed-up = plain step time / configuration time in "
         f"the same round.\n\n{table}{profile_text}")
-    plot(results, REPORTS / "train_step.png")
-    print(f"wrote {REPORTS}/train_step.json, .md and .png")
+    plot(results, REPORTS / f"{args.report}.png")
+    print(f"wrote {REPORTS}/{args.report}.json, .md and .png")
 
 
 if __name__ == "__main__":

@@ -36,12 +36,19 @@ def prepare_cache(work: Path, params: Path, overrides: list[str]) -> Path:
         raise PipelineError(f"{ingested}: missing; run the ingest stage first (dvc repro ingest)")
     base = work / "base"
     (base / "data").mkdir(parents=True)
-    source = Path(json.loads(ingested.read_text())["root"])
-    (base / source).parent.mkdir(parents=True, exist_ok=True)
-    (base / source).symlink_to(source.resolve())
+    link_source(base)
     (base / "data" / "ingested").symlink_to(ingested.parent.resolve())
     run_script("preprocess.py", base, params, overrides)
     return base / CACHE
+
+
+def link_source(project: Path) -> None:
+    """The raw frames the ingest index names, linked into a scratch project: preprocess reads them, and evaluate
+    translates them whole (psnr_full_frame)."""
+    source = Path(json.loads(INDEX.read_text())["root"])
+    if not source.is_absolute():
+        (project / source).parent.mkdir(parents=True, exist_ok=True)
+        (project / source).symlink_to(source.resolve())
 
 
 def train_child(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
@@ -49,6 +56,7 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     project = work / name.replace(" ", "_").replace("/", "-")
     (project / CACHE).parent.mkdir(parents=True)
     (project / CACHE).symlink_to(cache.resolve())
+    link_source(project)
     if RECOGNIZER.is_file():
         (project / RECOGNIZER).parent.mkdir()
         (project / RECOGNIZER).symlink_to(RECOGNIZER.resolve())
