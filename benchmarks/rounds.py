@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -31,9 +32,8 @@ def _machine_ticks() -> tuple[int, int, int]:
     return total, total - idle - iowait - steal, steal
 
 
-def _tree_ticks() -> int:
-    """CPU ticks of this process and all its descendants, alive or reaped (a reaped child's time moves to its parent's
-    cutime/cstime, so the sum stays continuous when a child exits)."""
+def _process_ticks() -> dict[int, tuple[int, int, int]]:
+    """pid -> (parent pid, CPU ticks the process used itself (all threads), CPU ticks of its reaped children)."""
     stats = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -41,28 +41,65 @@ def _tree_ticks() -> int:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:  # exited while we looked
                 continue
-            stats[int(entry.name)] = (int(fields[1]), sum(int(value) for value in fields[11:15]))
-    tree, frontier = {os.getpid()}, [os.getpid()]
+            stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
+    return stats
+
+
+def _descendants(stats: dict[int, tuple[int, int, int]], roots: set[int]) -> set[int]:
+    """`roots` (those still alive) and every process below them."""
+    tree = roots & stats.keys()
+    frontier = list(tree)
     while frontier:
         parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in stats.items() if ppid == parent and pid not in tree]
+        children = [pid for pid, (ppid, _, _) in stats.items() if ppid == parent and pid not in tree]
         tree.update(children)
         frontier += children
-    return sum(stats[pid][1] for pid in tree if pid in stats)
+    return tree
 
 
 class MachineLoad:
-    """Context manager: the steal share and the foreign-process share of the machine's CPU time while it was open."""
+    """Context manager: the steal share and the foreign-process share of the machine's CPU time while it was open.
+
+    Our own CPU time is counted two ways, and the larger count is taken (each can only miss time, never add some):
+    this process tree's time, reaped children included, from start to end, which misses a process that left the tree
+    (DDP's second rank, started by the first, can outlive it and be re-parented to init); and the time of every
+    process ever seen in the tree, sampled every SAMPLE_SECONDS, which misses each exited process's last moments.
+    """
+    SAMPLE_SECONDS = 0.2
 
     def __enter__(self) -> "MachineLoad":
-        self._machine, self._tree = _machine_ticks(), _tree_ticks()
+        self._first: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._machine = _machine_ticks()
+        self._tree = self._tree_ticks(self._sample(started=True))
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_until_done, daemon=True)
+        self._sampler.start()
         return self
 
+    @staticmethod
+    def _tree_ticks(stats: dict[int, tuple[int, int, int]]) -> int:
+        return sum(stats[pid][1] + stats[pid][2] for pid in _descendants(stats, {os.getpid()}))
+
+    def _sample(self, started: bool = False) -> dict[int, tuple[int, int, int]]:
+        stats = _process_ticks()
+        for pid in _descendants(stats, {*self._last, os.getpid()}):
+            self._first.setdefault(pid, stats[pid][1] if started else 0)  # born while the block ran: from zero
+            self._last[pid] = stats[pid][1]
+        return stats
+
+    def _sample_until_done(self) -> None:
+        while not self._done.wait(self.SAMPLE_SECONDS):
+            self._sample()
+
     def __exit__(self, *exc) -> None:
-        (total, busy, steal), tree = _machine_ticks(), _tree_ticks()
-        total -= self._machine[0]
-        self.steal = (steal - self._machine[2]) / total if total else 0.0
-        self.foreign = max(0.0, (busy - self._machine[1]) - (tree - self._tree)) / total if total else 0.0
+        self._done.set()
+        self._sampler.join()
+        tree = self._tree_ticks(self._sample()) - self._tree
+        total, busy, steal = (now - then for now, then in zip(_machine_ticks(), self._machine))
+        own = max(tree, sum(self._last[pid] - self._first[pid] for pid in self._last))
+        self.steal = steal / total if total else 0.0
+        self.foreign = max(0.0, busy - own) / total if total else 0.0
         self.flagged = self.steal > STEAL_LIMIT or self.foreign > FOREIGN_LIMIT
 
 

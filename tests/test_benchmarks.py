@@ -76,6 +76,15 @@ def test_load_from_another_process_is_foreign_and_our_own_children_are_not():
     assert own.foreign < rounds.FOREIGN_LIMIT and not own.flagged
 
 
+def test_a_descendant_that_outlives_its_parent_stays_ours():
+    # As DDP's second rank can: started by a process that exits first, then re-parented to init while it works.
+    busy = f"{sys.executable} -c 'import time\nend = time.time() + 1.5\nwhile time.time() < end: pass'"
+    with rounds.MachineLoad() as load:
+        subprocess.run(["sh", "-c", f"{busy} & sleep 0.6"], check=True)
+        time.sleep(1.4)  # the orphan works on alone, then exits
+    assert load.foreign < rounds.FOREIGN_LIMIT and not load.flagged
+
+
 @pytest.mark.slow
 def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_step.py"), "--sizes", "32", "--rounds", "2",
