@@ -61,9 +61,10 @@ def machine() -> dict:
             "bf16_in_use": torch.ops.mkldnn._is_mkldnn_bf16_supported()}
 
 
-def machine_text() -> str:
-    """One line naming the machine beside a figure: CPU, cores, widest vector ISA in use, threads."""
-    facts = machine()
+def machine_text(facts: dict | None = None) -> str:
+    """One line naming the machine beside a figure: CPU, cores, widest vector ISA in use, threads (of this process,
+    or of the `machine()` facts a report recorded)."""
+    facts = facts or machine()
     return f"{facts['cpu']} ({facts['isa']}), {facts['cores']} cores, {facts['torch_threads']} torch threads"
 
 

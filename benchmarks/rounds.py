@@ -178,5 +178,4 @@ def plot_speedups(axis, summary: dict, title: str) -> None:
     axis.axvline(1, color="black", linewidth=0.8)
     axis.set_xlim(0, max(f["speedup_max"] for f in figures) * 1.6)
     axis.invert_yaxis()
-    axis.set(xlabel=f"speed-up over {summary['baseline']} (median, min-max of {summary['rounds_counted']} rounds)",
-             title=title)
+    axis.set(xlabel=f"speed-up over the baseline (median, min-max of {summary['rounds_counted']} rounds)", title=title)

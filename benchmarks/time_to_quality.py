@@ -55,8 +55,8 @@ def seconds_to(child: dict, target: float) -> float:
     return next(reached, math.inf)
 
 
-def plot(children: dict, summary: dict, path: Path) -> None:
-    figure, (curves, ratio) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1.6, 1]})
+def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
+    figure, (curves, ratio) = plt.subplots(1, 2, figsize=(15, 4.6), gridspec_kw={"width_ratios": [1.3, 1]})
     colours = {PAPER: "#999999", PROJECT: "#55a868"}
     for (name, seed), child in children.items():
         seconds = child["psnr_seconds"]
@@ -67,7 +67,7 @@ def plot(children: dict, summary: dict, path: Path) -> None:
                title="Smoothed validation PSNR over wall-clock time")
     curves.legend(loc="lower right", fontsize=8)
     plot_speedups(ratio, summary, "Time to the pix2pix default's best")
-    figure.suptitle(machine_text(), fontsize=9)
+    figure.suptitle(machine_line, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -133,7 +133,7 @@ def main() -> None:
                                      "patience": args.patience, "max_epochs": args.max_epochs,
                                      "setups": setups, "runs": [c | {"setup": n, "seed": s}
                                                                 for (n, s), c in children.items()]})
-    plot(children, summary, REPORTS / "time_to_quality.png")
+    plot(children, summary, REPORTS / "time_to_quality.png", machine_text())
     print(f"wrote {REPORTS}/time_to_quality.json and .png")
 
 
