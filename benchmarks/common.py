@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback
 
 from thermal2visible.cli import quiet_lightning
-from thermal2visible.config import IngestConfig, PreprocessConfig, SynthesizeConfig
+from thermal2visible.config import IngestConfig, ModelConfig, PreprocessConfig, SynthesizeConfig
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.datamodule import mirrored, random_windows
 from thermal2visible.data.ingest import ingest
@@ -34,6 +34,8 @@ from thermal2visible.paths import REPORTS  # noqa: E402
 quiet_lightning()
 logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: False" x N
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
+PAPER_SIZE, PAPER_MODEL = 256, ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)  # the paper's networks
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
 def cpu_model() -> str:
@@ -95,6 +97,21 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
     seconds = min(median_seconds(lambda: a @ b, repeats, warmup=2),
                   median_seconds(lambda: torch.nn.functional.conv2d(image, kernel), repeats, warmup=2))
     return 2 * size ** 3 / seconds / 1e9
+
+
+def gemm_peaks(dtypes) -> dict[str, float]:
+    """`matmul_peak_gflops` of each dtype name ("fp32", "bf16", "int8") met in `dtypes`, by name descending."""
+    return {dtype: matmul_peak_gflops(DTYPES[dtype]) for dtype in sorted(set(dtypes), reverse=True)}
+
+
+def peaks_text(peaks: dict[str, float]) -> str:
+    return ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peaks.items())
+
+
+def arithmetic(flops: int, seconds: float, dtype: str, peaks: dict[str, float]) -> dict:
+    """Achieved GFLOP/s of `flops` done in `seconds`, and its share of the GEMM peak of the arithmetic used."""
+    gflops = round(flops / seconds / 1e9, 1)
+    return {"dtype": dtype, "gflops_per_s": gflops, "share_of_peak": round(gflops / peaks[dtype], 3)}
 
 
 def profile_summary(profile: torch.profiler.profile, top: int = 12) -> list[dict]:

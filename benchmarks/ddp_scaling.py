@@ -30,16 +30,15 @@ import torch.multiprocessing as mp  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
-from common import (REPORTS, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
+from common import (PAPER_MODEL, REPORTS, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
                     synthetic_cache, write_report)
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.servers import free_port  # noqa: E402
-from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig  # noqa: E402
+from thermal2visible.config import LoaderConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, resolve_precision  # noqa: E402
 
-PAPER_MODEL = ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
 CONFIGS = {
     "1 worker": dict(workers=1),

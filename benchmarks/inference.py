@@ -11,7 +11,8 @@ Achieved GFLOP/s (the generator's forward FLOPs counted by FlopCounterMode) is s
 the engine's arithmetic (fp32, bf16, int8).
 
 Writes reports/inference.json and reports/inference.png.
-Usage: python benchmarks/inference.py [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20] [--no-rest]
+Usage: python benchmarks/inference.py [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20]
+       [--no-rest]
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (REPORTS, RAW_SIDE, machine_text, markdown_table, matmul_peak_gflops,  # noqa: E402
-                    median_seconds, synthetic_cache, write_report)
+from common import (PAPER_MODEL, REPORTS, RAW_SIDE, arithmetic, gemm_peaks, machine_text,  # noqa: E402
+                    markdown_table, median_seconds, peaks_text, synthetic_cache, write_report)
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
 from thermal2visible.servers import model_server  # noqa: E402
@@ -51,7 +52,6 @@ from thermal2visible.training.trainer import cpu_has_native_bf16  # noqa: E402
 
 EAGER, INT8, BF16 = "torch eager fp32", "onnxruntime int8 (static QDQ)", "torch eager bf16 + channels_last"
 IN_PROCESS, REST = "in-process pyfunc", "REST (mlflow models serve)"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
 def engine_dtype(name: str) -> str:
@@ -161,7 +161,7 @@ def main() -> None:
         cache, cfg = synthetic_cache(scratch / "data", args.size, 40)
         images = cache_to_model_input(np.load(cache / "train_thermal.npy"))
         torch.manual_seed(0)
-        save_generator(UNetGenerator(1, 3, args.size, ngf=64), scratch / "generator.pt", "eval",
+        save_generator(UNetGenerator(1, 3, args.size, ngf=PAPER_MODEL.ngf), scratch / "generator.pt", "eval",
                        preprocess=dataclasses.asdict(cfg))
         generator, payload = load_generator(scratch / "generator.pt")
         fp32, int8 = scratch / "generator.onnx", scratch / "generator.int8.onnx"
@@ -183,19 +183,17 @@ def main() -> None:
             model_dir = scratch / "pyfunc"
             mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000))
             serving = rest_vs_in_process(model_dir, args.size, args.requests, args.rounds, scratch)
-    peaks = {dtype: matmul_peak_gflops(DTYPES[dtype]) for dtype in sorted({engine_dtype(name) for name in engines})}
+    peaks = gemm_peaks(engine_dtype(name) for name in engines)
     rows = []
     for batch, result in results.items():
         for name, figures in result["summary"]["configs"].items():
-            figures |= {"ms_per_image": round(1000 * figures["median_s"], 2), "dtype": engine_dtype(name),
-                        "gflops_per_s": round(flops / figures["median_s"] / 1e9, 1)}
-            figures["share_of_peak"] = round(figures["gflops_per_s"] / peaks[figures["dtype"]], 3)
+            figures["ms_per_image"] = round(1000 * figures["median_s"], 2)
+            figures |= arithmetic(flops, figures["median_s"], engine_dtype(name), peaks)
             rows.append([name, batch, figures["ms_per_image"], ratio_text(figures), figures["gflops_per_s"],
                          f"{figures['share_of_peak']:.0%} of {figures['dtype']} peak"])
     print(markdown_table(["engine", "batch", "ms/image", f"vs {EAGER} (median [min-max])", "GFLOP/s", "share"],
                          rows))
-    peak_text = ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peaks.items())
-    print(f"GEMM peaks: {peak_text}; generator forward: {flops / 1e9:.1f} GFLOP per image")
+    print(f"GEMM peaks: {peaks_text(peaks)}; generator forward: {flops / 1e9:.1f} GFLOP per image")
     if serving:
         figures = serving["summary"]["configs"]
         print(f"pyfunc, 1 image per request: in-process {1000 * figures[IN_PROCESS]['median_s']:.1f} ms, REST "

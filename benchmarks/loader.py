@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from common import decoded_batch, machine, machine_text, profile_summary
+from common import decoded_batch, machine_text, profile_summary, write_report
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
@@ -93,14 +93,13 @@ def main() -> None:
           f"jitter on; {machine_text()}")
     for name, figures in summary["configs"].items():
         print(f"  {name:28s} {rates[name]:10.0f} images/s   {ratio_text(figures)}")
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
     profile = profile_epochs(loaders["cache, preloaded"], EPOCHS["cache, preloaded"])
     print("  where the preloaded path's time goes: "
           + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]))
     figures = {"images_per_second": rates, "summary": summary, "records": records,
                "profile_cache_preloaded": profile, "batch_size": batch_size, "image_size": manifest["image_size"],
-               "train_pairs": manifest["counts"]["train"], "epochs": EPOCHS, "machine": machine()}
-    REPORT.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
+               "train_pairs": manifest["counts"]["train"], "epochs": EPOCHS}
+    write_report("loader", figures)
     figure, axes = plt.subplots(figsize=(8, 3.4))
     plot_speedups(axes, summary, f"Loader, {manifest['image_size']}px, batch {batch_size}, jitter on")
     axes.set_xscale("log")

@@ -41,7 +41,8 @@ def _process_ticks() -> dict[int, tuple[int, int, int]]:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:  # exited while we looked
                 continue
-            stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
+            utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+            stats[int(entry.name)] = (int(fields[1]), utime + stime, cutime + cstime)
     return stats
 
 
@@ -64,6 +65,7 @@ class MachineLoad:
     this process tree's time, reaped children included, from start to end, which misses a process that left the tree
     (DDP's second rank, started by the first, can outlive it and be re-parented to init); and the time of every
     process ever seen in the tree, sampled every SAMPLE_SECONDS, which misses each exited process's last moments.
+    A sample reads /proc/*/stat: 1.5 ms here, under 1 % of one core at this rate, the same for every configuration.
     """
     SAMPLE_SECONDS = 0.2
 

@@ -34,7 +34,7 @@ from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa:
 
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import EVAL_METRICS, PIX2PIX_DEFAULT  # noqa: E402
-from thermal2visible.study import prepare_cache, run_script, train_child  # noqa: E402
+from thermal2visible.study import child_project, prepare_cache, run_script, train_child  # noqa: E402
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
 
 PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yaml)"
@@ -42,16 +42,17 @@ PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yam
 
 def trained_and_tested(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
     child = train_child(work, name, cache, params, overrides)
-    project = work / name.replace(" ", "_").replace("/", "-")
+    project = child_project(work, name)
     run_script("evaluate.py", project, params, overrides)
     child["test_psnr"] = json.loads((project / EVAL_METRICS).read_text())["generator"]["psnr"]
     return child
 
 
 def seconds_to(child: dict, target: float) -> float:
-    """When the smoothed PSNR first reached `target` (psnr.csv rounds to 4 decimals); inf if it never did."""
+    """When the smoothed PSNR first reached `target` (rounded to 4 decimals, as psnr.csv holds the curve); inf if it
+    never did."""
     reached = (s for s, value in zip(child["psnr_seconds"], child["psnr_smoothed"])
-               if value is not None and value >= round(target, 4))
+               if value is not None and value >= target)
     return next(reached, math.inf)
 
 
@@ -60,8 +61,8 @@ def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
     colours = {PAPER: "#999999", PROJECT: "#55a868"}
     for (name, seed), child in children.items():
         seconds = child["psnr_seconds"]
-        curves.plot(seconds, [math.nan if v is None else v for v in child["psnr_smoothed"]], color=colours.get(name, "#dd8452"),
-                    linewidth=2, linestyle=["-", "--", ":", "-."][seed % 4],
+        curves.plot(seconds, [math.nan if v is None else v for v in child["psnr_smoothed"]],
+                    color=colours.get(name, "#dd8452"), linewidth=2, linestyle=["-", "--", ":", "-."][seed % 4],
                     label=f"{name}, seed {seed}: test {child['test_psnr']:.2f} dB")
     curves.set(xlabel="seconds since the run started", ylabel="smoothed validation PSNR (dB)",
                title="Smoothed validation PSNR over wall-clock time")
@@ -115,15 +116,17 @@ def main() -> None:
             return train
         records = measure_rounds({name: run(name) for name in setups}, args.rounds, warmup_rounds=0)
     # The figure compared is the time to the pix2pix default's best in the same round, not the wall time.
+    for (name, seed), child in children.items():
+        child["target_psnr"] = round(children[PAPER, seed]["best_psnr_smoothed"], 4)
+        child["seconds_to_target"] = seconds_to(child, child["target_psnr"])
     for record in records:
-        seed = record["round"]
-        target = children[PAPER, seed]["best_psnr_smoothed"]
-        record |= {"wall_s": record["seconds"], "target_psnr": round(target, 4),
-                   "seconds": seconds_to(children[record["config"], seed], target)}
+        child = children[record["config"], record["round"]]
+        record |= {"wall_s": record["seconds"], "target_psnr": child["target_psnr"],
+                   "seconds": child["seconds_to_target"]}
     summary = summarize(records, baseline=PAPER)
     rows = [[name, seed, round(c["best_psnr_smoothed"], 2), c["best_epoch"], c["stopped_epoch"],
-             seconds_to(c, children[PAPER, seed]["best_psnr_smoothed"]), c["wall_s"], c["images_per_s"],
-             round(c["test_psnr"], 2)] for (name, seed), c in sorted(children.items(), key=lambda item: item[0][1])]
+             c["seconds_to_target"], c["wall_s"], c["images_per_s"], round(c["test_psnr"], 2)]
+            for (name, seed), c in sorted(children.items(), key=lambda item: item[0][1])]
     print(markdown_table(["setup", "seed", "best smoothed PSNR (dB)", "best epoch", "stop epoch",
                           "s to the default's best", "wall s", "images/s", "test PSNR (dB)"], rows))
     for name in list(setups)[1:]:

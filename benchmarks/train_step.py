@@ -37,8 +37,9 @@ from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (REPORTS, BatchClock, decoded_batch, machine_text, markdown_table,  # noqa: E402
-                    matmul_peak_gflops, profile_summary, synthetic_cache, write_report)
+from common import (PAPER_MODEL, PAPER_SIZE, REPORTS, BatchClock, arithmetic, decoded_batch,  # noqa: E402
+                    gemm_peaks, machine_text, markdown_table, peaks_text, profile_summary, synthetic_cache,
+                    write_report)
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.config import (IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig,  # noqa: E402
                                     TrainConfig)
@@ -52,7 +53,6 @@ from thermal2visible.pixels import to_model  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
 from thermal2visible.training.trainer import build_trainer, resolve_precision  # noqa: E402
 
-PAPER_SIZE, PAPER_MODEL = 256, ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)
 PLAIN = "plain pix2pix step"
 # Changes to the project's default step (params.yaml's train section, preloaded cache).
 CONFIGS = {PLAIN: None, "default": {}, "default + torch.compile": dict(compile=True),
@@ -61,7 +61,6 @@ CONFIGS = {PLAIN: None, "default": {}, "default + torch.compile": dict(compile=T
            "default + channels_last": dict(channels_last=True), "default, plain Adam": dict(fused_adam=False),
            "no optimizations (fp32, NCHW, plain Adam, decoded input)": dict(
                precision="32-true", channels_last=False, fused_adam=False, compile=False, cached=False)}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def model_for(size: int) -> ModelConfig:
@@ -75,7 +74,7 @@ def timed_steps(steps_at_paper_size: int, size: int) -> int:
 
 
 def step_dtype(change: dict | None) -> str:
-    precision = (change or {}).get("precision", TrainConfig().precision) if change is not None else "32-true"
+    precision = "32-true" if change is None else change.get("precision", TrainConfig().precision)
     return "bf16" if resolve_precision(precision, "cpu") == "bf16-mixed" else "fp32"
 
 
@@ -232,9 +231,8 @@ def main() -> None:
     configs = {name: CONFIGS[name] for name in dict.fromkeys([PLAIN, *args.configs])}
     if all(step_dtype(change) == "fp32" for change in configs.values() if change is not None):
         configs = {name: change for name, change in configs.items() if name != "default in fp32"}  # same as default
-    dtypes = sorted({step_dtype(change) for change in configs.values()}, reverse=True)
-    peaks = {dtype: matmul_peak_gflops(DTYPES[dtype]) for dtype in dtypes}
-    peak_text = ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peaks.items())
+    peaks = gemm_peaks(step_dtype(change) for change in configs.values())
+    peak_text = peaks_text(peaks)
     print(f"{machine_text()}; GEMM peak {peak_text}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="t2v-train-step-") as scratch:
@@ -253,9 +251,7 @@ def main() -> None:
             flops = plain_step_flops(size, batches)
             for name, figures in summary["configs"].items():
                 figures["images_per_s"] = round(args.batch / figures["median_s"], 3)
-                figures["gflops_per_s"] = round(flops / figures["median_s"] / 1e9, 1)
-                figures["dtype"] = step_dtype(configs[name])
-                figures["share_of_peak"] = round(figures["gflops_per_s"] / peaks[figures["dtype"]], 3)
+                figures |= arithmetic(flops, figures["median_s"], step_dtype(configs[name]), peaks)
             results.append({"size": size, "ngf": model_for(size).ngf, "batch": args.batch, "steps": steps,
                             "flops_per_step": flops, "summary": summary, "records": records,
                             "profiles": {} if args.no_profile else profiles(args.batch, size, data, batches)})
@@ -268,14 +264,15 @@ def main() -> None:
     write_report(args.report, {"results": results, "matmul_peak_gflops": peaks, "threads": args.threads,
                                 "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds})
     profile_text = "".join(
-        f"\n### Profile: {r['size']} px batch {r['batch']}, {name} (eager, self CPU time)\n\n" + markdown_table(
-            ["op", "calls", "self ms", "share"], [[p["op"], p["calls"], p["self_ms"], f"{p['share']:.0%}"]
-                                                 for p in rows]) for r in results for name, rows in r["profiles"].items())
+        f"\n### Profile: {r['size']} px batch {r['batch']}, {name} (eager, self CPU time)\n\n"
+        + markdown_table(["op", "calls", "self ms", "share"],
+                         [[p["op"], p["calls"], p["self_ms"], f"{p['share']:.0%}"] for p in rows])
+        for r in results for name, rows in r["profiles"].items())
     steps_text = ", ".join(f"{r['steps']} at {r['size']} px" for r in results)
     (REPORTS / f"{args.report}.md").write_text(
         f"# Training step, {machine_text()}\n\nGEMM peak: {peak_text} (2048x2048). {args.rounds} interleaved rounds "
-        f"after a warm-up round; timed steps per measurement: {steps_text}; speed-up = plain step time / configuration time in "
-        f"the same round.\n\n{table}{profile_text}")
+        f"after a warm-up round; timed steps per measurement: {steps_text}; speed-up = plain step time / "
+        f"configuration time in the same round.\n\n{table}{profile_text}")
     plot(results, REPORTS / f"{args.report}.png")
     print(f"wrote {REPORTS}/{args.report}.json, .md and .png")
 

@@ -50,13 +50,6 @@ def test_flagged_rounds_are_left_out_while_enough_clean_ones_remain():
     assert rounds.summarize(records, baseline="a")["flagged_rounds_counted"]  # too few clean: all count, and it says so
 
 
-def busy_seconds(seconds: float) -> float:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-    return seconds
-
-
 def test_load_from_another_process_is_foreign_and_our_own_children_are_not():
     # A busy loop whose parent shell has exited belongs to no one here: it is someone else's load.
     orphan = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],

@@ -201,7 +201,8 @@ def test_a_non_finite_step_after_good_ones_puts_back_weights_statistics_and_adam
     assert [name for name, value in module.state_dict().items() if not torch.equal(value, module.before[name])] == []
     adam = module.optimizers()[1].optimizer.state_dict()["state"]
     assert len(adam) == len(module.adam_before) > 0
-    assert all(torch.equal(a, b) for key, state in adam.items() for a, b in zip(state.values(), module.adam_before[key]))
+    assert all(torch.equal(a, b)
+               for key, state in adam.items() for a, b in zip(state.values(), module.adam_before[key]))
 
 
 def test_identity_loss_uses_a_frozen_recognizer():

@@ -51,9 +51,14 @@ def link_source(project: Path) -> None:
         (project / source).symlink_to(source.resolve())
 
 
+def child_project(work: Path, name: str) -> Path:
+    """The scratch project folder of the child run `name`."""
+    return work / name.replace(" ", "_").replace("/", "-")
+
+
 def train_child(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
     """One real training run in its own scratch project; what it reports (train.json, PSNR per epoch, speed)."""
-    project = work / name.replace(" ", "_").replace("/", "-")
+    project = child_project(work, name)
     (project / CACHE).parent.mkdir(parents=True)
     (project / CACHE).symlink_to(cache.resolve())
     link_source(project)
