@@ -37,7 +37,8 @@ from thermal2visible.servers import free_port  # noqa: E402
 from thermal2visible.config import LoaderConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
-from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, resolve_precision  # noqa: E402
+from thermal2visible.training.precision import resolve_precision  # noqa: E402
+from thermal2visible.training.trainer import GanDDPStrategy, build_trainer  # noqa: E402
 
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
 CONFIGS = {

@@ -47,7 +47,7 @@ from thermal2visible.export import (cache_to_model_input, export_generator, quan
                                     run_torch)
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.serving import IMAGE, onnx_session, pyfunc_arguments  # noqa: E402
-from thermal2visible.training.trainer import cpu_has_native_bf16  # noqa: E402
+from thermal2visible.training.precision import cpu_has_native_bf16  # noqa: E402
 
 
 EAGER, INT8, BF16 = "torch eager fp32", "onnxruntime int8 (static QDQ)", "torch eager bf16 + channels_last"

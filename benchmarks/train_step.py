@@ -51,7 +51,8 @@ from thermal2visible.models.discriminator import PatchDiscriminator, patch_layer
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.pixels import to_model  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
-from thermal2visible.training.trainer import build_trainer, resolve_precision  # noqa: E402
+from thermal2visible.training.precision import resolve_precision  # noqa: E402
+from thermal2visible.training.trainer import build_trainer  # noqa: E402
 
 PLAIN = "plain pix2pix step"
 # Changes to the project's default step (params.yaml's train section, preloaded cache).

@@ -22,7 +22,7 @@ from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.checkpoints import load_generator
 from thermal2visible.models.generator import as_tested
 from thermal2visible.tracking.figures import comparison_grid, save_grid
-from thermal2visible.tracking.store import log_artifact, start_run
+from thermal2visible.tracking.store import log_artifact, start_run, training_run_id
 from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID
 from thermal2visible.pixels import to_model, unit
 
@@ -91,8 +91,8 @@ def main(params: Params) -> None:
     EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")
     save_grid(grid, EVAL_GRID)
 
-    logger = start_run(params, "evaluate", ("mlflow",), tags={"train_run_id": str(payload.get("mlflow_run_id"))},
-                       dataset_context="evaluation")
+    logger = start_run(params, "evaluate", ("mlflow",), dataset_context="evaluation", tags={
+        "fingerprint": str(payload.get("fingerprint")), "train_run_id": str(training_run_id(payload.get("fingerprint")))})
     logger.log_metrics({f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
                         for name, values in results.items() for metric, value in values.items()})
     for path in (EVAL_METRICS, EVAL_GRID):

@@ -23,7 +23,7 @@ from thermal2visible.export import run_onnx
 from thermal2visible.frames import full_frame_psnr
 from thermal2visible.registry import register
 from thermal2visible.serving import onnx_metadata, onnx_session
-from thermal2visible.tracking.store import git_tags, tracking_uri
+from thermal2visible.tracking.store import git_tags, tracking_uri, training_run_id
 from thermal2visible.paths import CACHE, ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS
 
 
@@ -70,7 +70,8 @@ def main(params: Params) -> None:
         ONNX, name=params.register.model_name, experiment=params.mlflow.experiment,
         test_psnr=test_psnr, parity_passed=parity_error <= params.export.atol,
         metrics={key: float(value) for key, value in exported.items() if type(value) in (int, float)},
-        lineage={"training_run_id": metadata.get("training_run_id"), "data_hash": metadata.get("data_hash"),
+        lineage={"training_run_id": training_run_id(metadata.get("fingerprint")),
+                 "fingerprint": metadata.get("fingerprint"), "data_hash": metadata.get("data_hash"),
                  "git_commit": git.get("mlflow.source.git.commit"), "git_dirty": git.get("git_dirty")},
         max_pixels=params.serve.max_pixels, score=test_set_scorer(CACHE))
     summary = {"model_name": result.name, "version": result.version, "alias": result.alias,

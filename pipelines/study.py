@@ -36,7 +36,7 @@ from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
 from thermal2visible.study import prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
-from thermal2visible.training.trainer import resolve_accelerator, resolve_precision  # noqa: E402
+from thermal2visible.training.precision import resolve_accelerator, resolve_precision  # noqa: E402
 
 DEFAULT_VALUES = {"batch": ([1, 2, 4, 8, 16, 32, 64], [2, 8, 32]), "lr": ([4], [4]), "speed": ([2, 8, 32], [16])}
 LR_RULES = ("none", "sqrt", "linear")

@@ -1,12 +1,14 @@
 """Stage `train`: Pix2Pix on data/cache with PSNR early stopping, resumable, tracked in MLflow.
 
 Writes models/generator.pt (the generator of the best smoothed-PSNR epoch), metrics/train.json (the stopping
-decision; `seconds` is this invocation's wall time), metrics/psnr.csv, reports/psnr_curve.png; keeps resume state
-in checkpoints/ (last.ckpt + best_generator.pt). models/generator.pt is written only when training ends normally.
+decision and the run's fingerprint), metrics/psnr.csv, reports/psnr_curve.png: a pure function of code, params, data
+and the machine's kind, so a rerun reproduces them byte for byte. The MLflow run id and wall-clock seconds go to
+MLflow only (the run is found by its `fingerprint` tag: tracking.store.training_run_id). Resume state stays in
+checkpoints/ (last.ckpt + best_generator.pt), which is no DVC output: it never travels through a DVC remote, and
+a teammate's `dvc pull` leaves nothing to retrain. models/generator.pt is written only when training ends normally.
 Under DDP (train.devices x train.num_nodes > 1) every process runs this script; only rank 0 writes files or logs.
 """
 import csv
-import dataclasses
 import hashlib
 import json
 import os
@@ -28,8 +30,8 @@ from thermal2visible.tracking.store import data_hash, log_artifact, start_run
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.checkpoints import checkpointing, find_resume, run_fingerprint
-from thermal2visible.training.trainer import (build_trainer, per_process_batch, refuse_unworkable, resolve_accelerator,
-                                              resolve_precision, world_size)
+from thermal2visible.training.precision import resolve_accelerator, resolve_precision
+from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
 from thermal2visible.paths import CACHE, RECOGNIZER, GENERATOR, CHECKPOINTS, TRAIN_METRICS, PSNR_CSV, PSNR_CURVE
 
 BEST = CHECKPOINTS / "best_generator.pt"
@@ -43,11 +45,11 @@ def identity_recognizer(params: Params, identities: list[str]):
     return load_recognizer(RECOGNIZER, identities)
 
 
-def write_outputs(stop: PsnrEarlyStopping, seconds: float, run_id: str | None) -> dict:
+def write_outputs(stop: PsnrEarlyStopping, fingerprint: str) -> dict:
     GENERATOR.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(BEST, GENERATOR.with_name(GENERATOR.name + ".tmp"))
     os.replace(GENERATOR.with_name(GENERATOR.name + ".tmp"), GENERATOR)
-    summary = stop.summary() | {"seconds": round(seconds, 1), "mlflow_run_id": run_id}
+    summary = stop.summary() | {"fingerprint": fingerprint}
     TRAIN_METRICS.parent.mkdir(parents=True, exist_ok=True)
     TRAIN_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
     with PSNR_CSV.open("w", newline="") as file:
@@ -94,8 +96,10 @@ def main(params: Params) -> None:
                              "world_size": str(world_size(t))})
     manifest = data.manifest
     module = Pix2Pix(params.model, t, manifest["image_size"], data.thermal_channels, data.visible_channels, recognizer)
+    # The preprocess settings the generator is stamped with are the cache's (what its images went through), which
+    # refuse_unworkable has checked params.yaml agrees with.
     stop = PsnrEarlyStopping(params.early_stop.window, params.early_stop.patience, best_path=BEST, metadata={
-        "preprocess": dataclasses.asdict(params.preprocess), "mlflow_run_id": logger.run_id, "data_hash": cache_hash})
+        "preprocess": manifest["preprocess"], "fingerprint": fingerprint, "data_hash": cache_hash})
     trainer = build_trainer(t, logger=logger, callbacks=[
         stop, ImageGridLogger(t.image_log_every), MetricsInCheckpoint(logger),
         *checkpointing(CHECKPOINTS, fingerprint, logger.run_id)])
@@ -115,12 +119,14 @@ def main(params: Params) -> None:
               f"generator weights {weights_digest(module.generator)}")
     if not trainer.is_global_zero:
         return
-    summary = write_outputs(stop, time.perf_counter() - started, logger.run_id)
+    seconds = time.perf_counter() - started
+    summary = write_outputs(stop, fingerprint)
+    logger.log_metrics({"train_seconds": seconds})
     for path in (GENERATOR, PSNR_CURVE, PSNR_CSV):
         log_artifact(logger, path)
     print(f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "
           f"(raw {summary['best_psnr']:.2f} dB); stopped at epoch {summary['stopped_epoch']} of at most "
-          f"{t.max_epochs}; {summary['seconds']:.0f} s; {GENERATOR} written"
+          f"{t.max_epochs}; {seconds:.0f} s; {GENERATOR} written"
           + (f" (continued from {resume_from})" if resume_from else ""))
 
 

@@ -16,7 +16,7 @@ from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.tracking.store import log_artifact, start_run
-from thermal2visible.training.trainer import resolve_accelerator
+from thermal2visible.training.precision import resolve_accelerator
 from thermal2visible.paths import CACHE, RECOGNIZER, RECOGNIZER_METRICS
 
 

@@ -78,26 +78,31 @@ def test_pix2pix_initialisation():
     assert scales.mean().item() == pytest.approx(1.0, abs=0.01) and scales.std().item() == pytest.approx(0.02, rel=0.2)
 
 
-def test_recomputation_gives_the_same_outputs_and_gradients():
+def test_recomputation_gives_the_same_outputs_gradients_and_statistics():
     torch.manual_seed(0)
     plain = UNetGenerator(1, 3, 32, ngf=4, dropout=0.5)
     recomputed = UNetGenerator(1, 3, 32, ngf=4, dropout=0.5, recompute=True)
     recomputed.load_state_dict(plain.state_dict())
     x = torch.rand(2, 1, 32, 32)
-    results = []
+    results, statistics = [], []
     for model in (plain, recomputed):
         torch.manual_seed(1)  # same dropout masks; recomputation must replay them exactly
         model(x).square().mean().backward()
         results.append([weight.grad for weight in model.parameters()])
+        statistics.append(dict(model.named_buffers()))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
+    # model.recompute is not weight-defining: the recomputed forward must not update batch norm a second time
+    assert statistics[1]["encoder.1.2.num_batches_tracked"].item() == 1
+    for name, value in statistics[0].items():
+        assert torch.equal(value, statistics[1][name]), name
 
 
 def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path):
     generator = UNetGenerator(1, 3, 32, ngf=4, norm="instance").train()
     generator.to(memory_format=torch.channels_last)
     path = tmp_path / "models" / "generator.pt"
-    save_generator(generator, path, test_mode="eval", epoch=7, psnr=21.5, psnr_smoothed=20.0, mlflow_run_id=None,
+    save_generator(generator, path, test_mode="eval", epoch=7, psnr=21.5, psnr_smoothed=20.0, fingerprint=None,
                    preprocess={"image_size": 32}, data_hash="abc")
     loaded, payload = load_generator(path)
     assert not loaded.training

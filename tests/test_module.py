@@ -4,16 +4,20 @@ import math
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from thermal2visible.errors import ConfigError
 from thermal2visible.config import ModelConfig, Params, TrainConfig
+from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.training import trainer as trainer_module
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, gan_loss, linear_decay, scaled_lr
 from thermal2visible.checkpoints import NOT_DEFINING, STAMP, WEIGHT_DEFINING, find_resume, run_fingerprint
-from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch, resolve_precision
+from thermal2visible.training import precision as precision_module
+from thermal2visible.training.precision import resolve_precision
+from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch
 
 TINY_MODEL = ModelConfig(ngf=4, ndf=4, norm="batch", dropout=0.5)
 SIZE = 16
@@ -82,7 +86,7 @@ def test_linear_decay_over_the_last_epochs():
 
 @pytest.mark.parametrize("native_bf16, cpu_mixed", [(True, "bf16-mixed"), (False, "32-true")])
 def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch, capsys):
-    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native_bf16)
     assert resolve_precision("auto", "gpu") == "16-mixed"
     assert resolve_precision("auto", "cpu") == cpu_mixed
     assert resolve_precision("16-mixed", "gpu") == "16-mixed"
@@ -97,6 +101,10 @@ def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch, capsys):
 
 
 def test_trainer_settings_from_params():
+    build_trainer(tiny_train(deterministic=True))
+    assert torch.are_deterministic_algorithms_enabled()  # train.deterministic: a GPU rerun gives the same weights
+    build_trainer(tiny_train(deterministic=False))
+    assert not torch.are_deterministic_algorithms_enabled()
     ddp = build_trainer(tiny_train(devices=2, batch_size=8)).strategy
     assert isinstance(ddp, GanDDPStrategy) and ddp.num_processes == 2
     assert ddp._get_process_group_backend() == "gloo" and ddp._ddp_kwargs == {"gradient_as_bucket_view": True}
@@ -149,6 +157,60 @@ def test_a_bad_step_is_skipped_and_training_goes_on():
     trainer = build_trainer(tiny_train(max_bad_steps=5))
     trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
     assert module.bad_steps == 1 and math.isfinite(trainer.callback_metrics["loss_g"].item())
+
+
+def resumed(module: Pix2Pix, checkpoint, **overrides) -> Trainer:
+    """Fit `module` from `checkpoint` with nothing left to train: what a resumed run starts from."""
+    trainer = build_trainer(tiny_train(max_bad_steps=5), **overrides)
+    trainer.fit(module, train_dataloaders=loader(), ckpt_path=checkpoint, weights_only=True)
+    return trainer
+
+
+def test_the_bad_step_budget_is_not_reset_by_a_resume(tmp_path):
+    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+    trainer = build_trainer(tiny_train(max_bad_steps=5), callbacks=[ModelCheckpoint(tmp_path, "last")])
+    trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
+    assert module.bad_steps == 1
+    again = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+    resumed(again, tmp_path / "last.ckpt")
+    assert again.bad_steps == 1  # train.max_bad_steps counts over the whole run, across resumes
+
+
+def test_the_loss_scale_survives_a_resume(tmp_path):
+    """16-mixed's GradScaler (forced on CPU here, as on a GPU): a resumed run keeps the scale it had reached."""
+    def fp16(scaler):
+        return dict(precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    grown = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+    build_trainer(tiny_train(), callbacks=[ModelCheckpoint(tmp_path, "last")], **fp16(grown)).fit(
+        Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), train_dataloaders=loader())
+    reached = grown.get_scale()
+    assert reached > 2.0 ** 10  # it grew (growth_interval 1): a fresh scaler would start lower
+    fresh = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+    resumed(Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), tmp_path / "last.ckpt", **fp16(fresh))
+    assert fresh.get_scale() == reached
+
+
+def test_validation_scores_are_fp32_scores_of_the_saved_weights_under_bf16_mixed(tiny_cache):
+    """bf16 autocast cancels SSIM's variance terms (0.28 against 0.72 on the demo): validation must score what
+    evaluate scores, the fp32 generator on the same images."""
+    from thermal2visible.config import LoaderConfig
+    from thermal2visible.data.datamodule import PairedDataModule, model_batch
+
+    data = PairedDataModule(tiny_cache, 4, LoaderConfig(num_workers=0, pin_memory=False, preload=True, jitter=True))
+    module = Pix2Pix(TINY_MODEL, tiny_train(precision="bf16-mixed"), data.manifest["image_size"],
+                     data.thermal_channels, data.visible_channels)
+    trainer = build_trainer(tiny_train(precision="bf16-mixed"), limit_train_batches=2)
+    trainer.fit(module, datamodule=data)
+    assert trainer.precision == "bf16-mixed"
+    means = score_means()
+    generator = module.generator.eval()
+    with torch.inference_mode():
+        for batch in data.val_dataloader():
+            batch = model_batch(batch)
+            for name, values in image_scores(to_unit(generator(batch["thermal"])), to_unit(batch["visible"])).items():
+                means[name].update(values)
+    for name, value in means.compute().items():
+        assert trainer.callback_metrics[f"val_{name}"].item() == pytest.approx(value.item(), abs=1e-5), name
 
 
 class PoisonedGeneratorStep(Pix2Pix):
@@ -234,7 +296,10 @@ def test_every_key_is_classed_as_defining_the_weights_or_not():
 
 
 def changed(config, key: str):
-    """`config` with another value of `key` (the fingerprint hashes values; it does not validate them)."""
+    """`config` with another value of `key` (the fingerprint hashes values; it does not validate them).
+    train.accelerator goes from auto to cpu: the same device on this machine, so the same precision for `auto`."""
+    if key == "accelerator":
+        return dataclasses.replace(config, accelerator="cpu")
     value = getattr(config, key)
     other = {bool: lambda: not value, int: lambda: value + 1, float: lambda: value + 0.5, tuple: lambda: (*value, 0),
              str: lambda: value + "-changed"}[type(value)]()
@@ -249,6 +314,18 @@ def test_run_fingerprint_changes_with_what_defines_the_weights_and_nothing_else(
             other = dataclasses.replace(base, **{section: changed(getattr(base, section), key)})
             assert (run_fingerprint(other, "data-md5") != same) == (key in WEIGHT_DEFINING[section]), key
     assert run_fingerprint(base, "other-data") != same and run_fingerprint(base, "data-md5", "recognizer") != same
+
+
+def test_run_fingerprint_hashes_what_precision_auto_means_on_the_machine(monkeypatch):
+    auto = Params()  # train.precision: auto on this CPU
+    fingerprints = {}
+    for native_bf16, resolved in ((True, "bf16-mixed"), (False, "32-true")):
+        monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native_bf16)
+        named = dataclasses.replace(auto, train=dataclasses.replace(auto.train, precision=resolved))
+        fingerprints[resolved] = run_fingerprint(auto, "data-md5")
+        assert fingerprints[resolved] == run_fingerprint(named, "data-md5"), resolved
+    # a checkpoint of an `auto` run carried from a bf16 machine to an AVX2 one does not continue there
+    assert fingerprints["bf16-mixed"] != fingerprints["32-true"]
 
 
 def test_resume_only_a_checkpoint_of_the_same_run(tmp_path, capsys):

@@ -17,7 +17,7 @@ from thermal2visible.config import load_params
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import ConfigError
-from thermal2visible.training.trainer import resolve_accelerator
+from thermal2visible.training.precision import resolve_accelerator
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ The protocol:
 
 The generator payload (`save_generator` / `load_generator`) is the one format evaluate and export read (translate
 and serving run its ONNX export): {"state_dict", "model" (UNetGenerator's arguments), "test_mode", + metadata:
-epoch, psnr, psnr_smoothed, preprocess, mlflow_run_id, data_hash}.
+epoch, psnr, psnr_smoothed, preprocess (the cache's), fingerprint (the run's), data_hash}.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from thermal2visible.config import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
 
@@ -66,8 +67,8 @@ NOT_DEFINING = {
     "preprocess": (),
     "loader": ("num_workers", "pin_memory", "preload"),
     "model": ("recompute",),
-    "train": ("accelerator", "strategy", "channels_last", "compile", "fused_adam", "resume", "max_bad_steps",
-              "image_log_every"),
+    "train": ("accelerator", "strategy", "channels_last", "compile", "fused_adam", "resume", "deterministic",
+              "max_bad_steps", "image_log_every"),
     "early_stop": (),
 }
 
@@ -92,6 +93,10 @@ def run_fingerprint(params: Params, data_hash: str, recognizer_hash: str | None 
     """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint."""
     defining = {section: {key: getattr(getattr(params, section), key) for key in keys}
                 for section, keys in WEIGHT_DEFINING.items()}
+    # `auto` is hashed as what it means on this machine: a checkpoint carried to a machine where it means another
+    # precision (bf16-mixed with bf16 instructions, 32-true without, 16-mixed on a GPU) starts afresh.
+    defining["train"]["precision"] = resolve_precision(params.train.precision,
+                                                       resolve_accelerator(params.train.accelerator))
     defining |= {"data": data_hash, "recognizer": recognizer_hash}
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -103,6 +103,7 @@ class TrainConfig:
     compile: bool = False
     fused_adam: bool = True
     resume: Literal["auto", "never"] = "auto"
+    deterministic: bool = False
     max_bad_steps: int = 10
     image_log_every: int = 5
     seed: int = 0

@@ -43,7 +43,7 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
     config = payload["model"]
     metadata = {"opset": opset, "image_size": config["image_size"], "in_channels": config["in_channels"],
                 "out_channels": config["out_channels"], "input_range": [-1, 1], "preprocess": payload["preprocess"],
-                "training_run_id": payload.get("mlflow_run_id"), "data_hash": payload.get("data_hash")}
+                "fingerprint": payload.get("fingerprint"), "data_hash": payload.get("data_hash")}
     generator.eval()
     size = config["image_size"]
     # Batch 2 and a 2x3-tile frame as the example: torch.export specialises a dimension it sees as 1.
@@ -57,6 +57,9 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
         input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
         dynamic_shapes=({0: torch.export.Dim("batch"), 2: size * rows, 3: size * cols},))
     model = program.model_proto
+    # torch.export's notes on the graph print a set in hash order, which differs between processes: without them
+    # the same weights give the same bytes (a rerun's dvc.lock stays the same); onnxruntime never reads them.
+    del model.graph.metadata_props[:]
     onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in metadata.items()})
     model.doc_string = "thermal2visible pix2pix generator: thermal in [-1,1] (NCHW) -> visible in [-1,1]"
     onnx.checker.check_model(model, full_check=True)

@@ -8,7 +8,6 @@ INGEST_ERRORS = Path("reports/ingest_errors.json")
 CACHE = Path("data/cache")
 RECOGNIZER = Path("models/recognizer.pt")
 GENERATOR = Path("models/generator.pt")
-CHECKPOINTS = Path("checkpoints")
 ONNX = Path("models/generator.onnx")
 ONNX_INT8 = Path("models/generator.int8.onnx")
 
@@ -21,7 +20,9 @@ EVAL_GRID = Path("reports/eval_grid.png")
 EXPORT_METRICS = Path("metrics/export.json")
 REGISTER_METRICS = Path("metrics/register.json")
 
-# Not stage outputs: the project's own folders, and reports that commands outside the pipeline write.
+# Not stage outputs: the project's own folders, reports that commands outside the pipeline write, and the train
+# stage's resume state (a means to an output, not a result: it never travels through a DVC remote).
+CHECKPOINTS = Path("checkpoints")
 PIPELINES = Path("pipelines")
 PRESETS = Path("params")
 QUICK_STUDY = PRESETS / "quick_study.yaml"  # the studies shrunk to a few CPU minutes each

@@ -133,9 +133,11 @@ class PairedDataModule(LightningDataModule):
             # that is already distributed.
             sampler = UnrepeatedDistributedSampler(self.splits[split], self.trainer.world_size,
                                                    self.trainer.global_rank, shuffle=False)
+        # Workers start anew each epoch (not persistent): each epoch's are seeded from the main process's random
+        # stream, which every checkpoint holds, so a resumed run's workers draw the crops the uninterrupted run drew.
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=training, drop_last=training,
                           sampler=sampler, collate_fn=_batch_as_is, num_workers=workers,
-                          persistent_workers=workers > 0, pin_memory=self.loader.pin_memory and not preloaded)
+                          pin_memory=self.loader.pin_memory and not preloaded)
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader("train")

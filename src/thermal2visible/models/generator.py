@@ -7,7 +7,7 @@ RGB in/out this is exactly the network of the pix2pix paper (54,413,955 paramete
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,18 @@ def init_weights(model: nn.Module) -> None:
         elif isinstance(layer, nn.BatchNorm2d):
             nn.init.normal_(layer.weight, 1.0, 0.02)
             nn.init.zeros_(layer.bias)
+
+
+@contextmanager
+def statistics_kept(block: nn.Module):
+    """Puts `block`'s buffers (batch-norm running statistics and batch counts) back as they were on entry."""
+    saved = [buffer.clone() for buffer in block.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(block.buffers(), saved):
+                buffer.copy_(value)
 
 
 class UNetGenerator(nn.Module):
@@ -81,8 +93,10 @@ class UNetGenerator(nn.Module):
     def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self.recompute and self.training and torch.is_grad_enabled():
             # Keep only block boundaries; recompute the insides in backward. The RNG state is replayed, so dropout
-            # masks match; batch-norm running statistics do see each batch twice (a slightly faster average).
-            return checkpoint(block, x, use_reentrant=False)
+            # masks match, and the recomputation leaves batch-norm statistics as the forward left them, so
+            # recompute changes memory and time only, never the trained weights (checkpoints.NOT_DEFINING).
+            return checkpoint(block, x, use_reentrant=False,
+                              context_fn=lambda: (nullcontext(), statistics_kept(block)))
         return block(x)
 
     def forward(self, thermal: torch.Tensor) -> torch.Tensor:

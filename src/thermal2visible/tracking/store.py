@@ -156,6 +156,21 @@ def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str
     return logger
 
 
+def training_run_id(fingerprint: str | None) -> str | None:
+    """The MLflow run that trained the weights stamped `fingerprint` (the newest, where the same run was trained more
+    than once), or None where this tracking store has none (another store, or a generator from before fingerprints).
+
+    DVC-tracked files hold the fingerprint, never a run id: a rerun reproduces them byte for byte, and the run is
+    found here, by its tag, in whichever experiment it went to."""
+    if not fingerprint:
+        return None
+    client = open_store(tracking_uri())
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    runs = client.search_runs(experiments, f"tags.fingerprint = '{fingerprint}' and attributes.run_name = 'train'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
 def log_artifact(logger: MLFlowLogger, path: str | Path) -> None:
     if logger.run_id:  # None on ranks other than 0
         logger.experiment.log_artifact(logger.run_id, str(path))

@@ -2,6 +2,8 @@
 saves and how a run resumes)."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from typing import Sequence
 
@@ -15,36 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from thermal2visible.checkpoints import AtomicCheckpointIO, RandomStreams
 from thermal2visible.config import Params, TrainConfig
 from thermal2visible.errors import ConfigError
-
-
-def resolve_accelerator(accelerator: str) -> str:
-    if accelerator == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.accelerator: {accelerator}, but this PyTorch ({torch.__version__}) sees no CUDA GPU "
-                          "(a CPU build, or no driver); set train.accelerator: auto to train on the CPU")
-    return accelerator
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN has bf16 kernels for this CPU (AVX512-BF16, AMX or AVX2-VNNI-2). Elsewhere bf16 autocast is
-    emulated through fp32 conversions: measured 10x slower than fp32 on an AVX2-only EPYC."""
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def resolve_precision(precision: str, accelerator: str) -> str:
-    """The precision Lightning gets. `auto`: the paper's 16-mixed on GPUs; on CPUs bf16-mixed where the CPU computes
-    in bf16, else 32-true. fp16 autocast on CPU is 20-50x slower than bf16, so 16-mixed on a CPU is taken as auto."""
-    if accelerator != "cpu":
-        return "16-mixed" if precision == "auto" else precision
-    cpu_mixed = "bf16-mixed" if cpu_has_native_bf16() else "32-true"
-    if precision == "16-mixed":
-        print(f"notice: train.precision 16-mixed is for GPUs; using {cpu_mixed} on this CPU")
-        return cpu_mixed
-    if precision == "bf16-mixed" and cpu_mixed == "32-true":
-        print("notice: this CPU has no bf16 instructions: train.precision bf16-mixed runs emulated, several times "
-              "slower than 32-true (train.precision: auto picks the faster)")
-    return cpu_mixed if precision == "auto" else precision
+from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
 
 def world_size(train: TrainConfig) -> int:
@@ -56,10 +29,24 @@ def per_process_batch(train: TrainConfig) -> int:
     return train.batch_size // world_size(train)
 
 
+def refuse_other_preprocessing(params: Params, manifest: dict) -> None:
+    """The cache's images went through the manifest's preprocess settings; a run whose params say otherwise (a
+    stage run by hand with --set preprocess.KEY=..., or params edited without re-running preprocess) would stamp
+    its generator with settings its training images never saw, and serve them."""
+    cached = manifest["preprocess"]
+    asked = json.loads(json.dumps(dataclasses.asdict(params.preprocess)))  # tuples -> lists, as the manifest holds
+    for key, value in asked.items():
+        if cached.get(key, "(missing)") != value:
+            raise ConfigError(f"preprocess.{key}: {value!r} in the params, but the cache was made with "
+                              f"{cached.get(key, '(missing)')!r}; re-run the preprocess stage (dvc repro preprocess) "
+                              "or set the param back")
+
+
 def refuse_unworkable(params: Params, manifest: dict) -> None:
     """ConfigError, naming the key and why, for a run that could not finish, before anything is trained (each of
     these otherwise failed at the end of training, or in its first identity loss). A global batch smaller than
     the number of processes is refused with the params already (config: batch_size divisible by them)."""
+    refuse_other_preprocessing(params, manifest)
     counts, world = manifest["counts"], world_size(params.train)
     if counts["val"] == 0:
         raise ConfigError(
@@ -121,7 +108,8 @@ def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger
     options = dict(
         accelerator=accelerator, devices=train.devices, num_nodes=train.num_nodes,
         strategy=build_strategy(train, accelerator), precision=resolve_precision(train.precision, accelerator),
-        sync_batchnorm=train.sync_batchnorm, min_epochs=train.min_epochs, max_epochs=train.max_epochs,
+        sync_batchnorm=train.sync_batchnorm, deterministic=train.deterministic, min_epochs=train.min_epochs,
+        max_epochs=train.max_epochs,
         callbacks=[*callbacks, RandomStreams(train.seed)], logger=logger, plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
         num_sanity_val_steps=0, enable_model_summary=False, enable_progress_bar=False, log_every_n_steps=1,
