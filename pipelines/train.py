@@ -121,7 +121,7 @@ def main(params: Params) -> None:
         return
     seconds = time.perf_counter() - started
     summary = write_outputs(stop, fingerprint)
-    logger.log_metrics({"train_seconds": seconds})
+    logger.experiment.log_metric(logger.run_id, "train_seconds", seconds)  # the Trainer has finalized the logger
     for path in (GENERATOR, PSNR_CURVE, PSNR_CSV):
         log_artifact(logger, path)
     print(f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "

@@ -57,6 +57,9 @@ def caches(tiny_cache, tmp_path_factory) -> dict[str, Path]:
     ("unlabelled", ["train.lambda_id=1.0"], "train.lambda_id: 1.0 needs the identity of every training pair, but 4 "
                                             "have no identity folder"),
     ("one_val", ["train.batch_size=1", "train.devices=2"], "train.batch_size: 1 is not divisible by devices"),
+    # a generator stamped with settings its training images never went through would be served with them
+    ("unlabelled", ["preprocess.thermal_norm=fixed"], "preprocess.thermal_norm: 'fixed' in the params, but the cache "
+                                                      "was made with 'percentile'"),
 ])
 def test_refused_before_the_first_epoch_naming_the_key(tmp_path, caches, write_params, cache, overrides, message):
     (tmp_path / "data").mkdir()

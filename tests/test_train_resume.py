@@ -22,9 +22,10 @@ EPOCHS = 40  # tiny epochs take ~0.1 s: enough of them that each interruption la
 
 
 def start(project: Path, *args: str) -> subprocess.Popen:
+    """train.py in its own session: a SIGKILL of its process group reaches every DDP rank, as a node failure would."""
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     return subprocess.Popen([sys.executable, str(REPO / "pipelines" / "train.py"), *args], cwd=project, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def epochs_in_checkpoint(project: Path) -> int:
@@ -49,7 +50,10 @@ def interrupt_after(process: subprocess.Popen, project: Path, epochs: int, how: 
         assert process.poll() is None, process.communicate()[0]
         assert time.monotonic() < deadline, "training made no progress"
         time.sleep(0.02)
-    process.send_signal(how)
+    if how == signal.SIGKILL:
+        os.killpg(process.pid, how)
+    else:
+        process.send_signal(how)
     return process.communicate(timeout=120)[0]
 
 
@@ -134,3 +138,19 @@ def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, 
     write_params(root, *SETTINGS, *short, "loader.jitter=false")
     output = finish(start(root))
     assert "belongs to another run" in output and "continued from" not in output, output
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("overrides", [
+    pytest.param(("loader.num_workers=1", "loader.preload=false"), id="crops drawn in loader workers"),
+    pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
+])
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, tiny_cache, write_params, overrides):
+    settings = ("train.max_epochs=6", *overrides)
+    uninterrupted = project(tmp_path / "uninterrupted", tiny_cache, write_params, *settings)
+    finish(start(uninterrupted))
+    interrupted = project(tmp_path / "interrupted", tiny_cache, write_params, *settings)
+    interrupt_after(start(interrupted), interrupted, 2, signal.SIGKILL)
+    assert 2 <= epochs_in_checkpoint(interrupted) < 6
+    assert "continued from checkpoints/last.ckpt" in finish(start(interrupted))
+    assert_equal_states(trained_state(interrupted), trained_state(uninterrupted))

@@ -44,9 +44,9 @@ def refuse_other_preprocessing(params: Params, manifest: dict) -> None:
 
 def refuse_unworkable(params: Params, manifest: dict) -> None:
     """ConfigError, naming the key and why, for a run that could not finish, before anything is trained (each of
-    these otherwise failed at the end of training, or in its first identity loss). A global batch smaller than
-    the number of processes is refused with the params already (config: batch_size divisible by them)."""
-    refuse_other_preprocessing(params, manifest)
+    these otherwise failed at the end of training, or in its first identity loss), and for preprocess params
+    that the cache was not made with. A global batch smaller than the number of processes is refused with the
+    params already (config: batch_size divisible by them)."""
     counts, world = manifest["counts"], world_size(params.train)
     if counts["val"] == 0:
         raise ConfigError(
@@ -63,6 +63,7 @@ def refuse_unworkable(params: Params, manifest: dict) -> None:
             raise ConfigError(f"train.lambda_id: {params.train.lambda_id} needs the identity of every training pair, "
                               f"but {unlabelled} have no identity folder (put each person's images in their own "
                               "folder, or set train.lambda_id: 0)")
+    refuse_other_preprocessing(params, manifest)
 
 
 class GanDDPStrategy(DDPStrategy):
