@@ -181,7 +181,8 @@ def main() -> None:
         serving = None
         if not args.no_rest:
             model_dir = scratch / "pyfunc"
-            mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000))
+            mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000,
+                                                                          max_model_pixels=1_048_576))
             serving = rest_vs_in_process(model_dir, args.size, args.requests, args.rounds, scratch)
     peaks = gemm_peaks(engine_dtype(name) for name in engines)
     rows = []

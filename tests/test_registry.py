@@ -56,7 +56,8 @@ def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, score=Non
     with mlflow.start_run(run_name="train") as training:
         pass
     return register(onnx_model, name=name, experiment="registry-tests", test_psnr=psnr, parity_passed=parity,
-                    metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000, score=score,
+                    metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000, max_model_pixels=1_048_576,
+                    score=score,
                     lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None})
 
 

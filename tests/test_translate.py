@@ -35,7 +35,7 @@ def onnx_model(tmp_path_factory, tiny_cache) -> Path:
 @pytest.fixture(scope="module")
 def pyfunc_dir(onnx_model, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("pyfunc") / "model"
-    mlflow.pyfunc.save_model(path, **pyfunc_arguments(onnx_model, max_pixels=1_000_000))
+    mlflow.pyfunc.save_model(path, **pyfunc_arguments(onnx_model, max_pixels=1_000_000, max_model_pixels=1_048_576))
     return path
 
 

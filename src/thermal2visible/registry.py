@@ -76,7 +76,7 @@ def _compare(client: MlflowClient, name: str, version: str, test_psnr: float, da
 
 
 def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: float, parity_passed: bool,
-             metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int,
+             metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int, max_model_pixels: int,
              score: Callable[[str], float] | None = None) -> Registered:
     """Log the .onnx as a pyfunc in a `register` run, add it as a new version of `name`, gate it, set its alias.
 
@@ -91,7 +91,7 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     with mlflow.start_run(run_name="register") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
-        logged = mlflow.pyfunc.log_model(name="model", **pyfunc_arguments(onnx_path, max_pixels))
+        logged = mlflow.pyfunc.log_model(name="model", **pyfunc_arguments(onnx_path, max_pixels, max_model_pixels))
     ensure_registered_model(client, name)
     # The version's run is the training run that made the weights: the run page lists the version, and the
     # version page links back to that run (the register run only packed them).

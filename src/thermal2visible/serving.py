@@ -12,7 +12,9 @@ translation (pipelines/translate.py) all call this class.
 A request the model cannot use raises a ServingError (INVALID_PARAMETER_VALUE), which the scoring server
 answers with 400 and the message (naming the row); anything else is a bug in this code and answers 500
 without the traceback, which goes to the server log instead. An image's base64 may be at most
-`max_encoded_length(max_pixels)` characters: the server itself reads a request body of any size.
+`max_encoded_length(max_pixels)` characters: the server itself reads a request body of any size. The work is
+bounded too: a frame the model would run at more than `max_model_pixels` pixels (`frames.model_size`: a thin
+frame grows when scaled to the training size) is refused before any row is translated.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from thermal2visible.data.images import BadImage, decode_image
 from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.errors import PipelineError
 from thermal2visible.export import run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.frames import model_size, translate_frame
 from thermal2visible.pixels import quantise
 
 IMAGE = "image"
@@ -118,7 +120,8 @@ def onnx_metadata(session: ort.InferenceSession) -> dict[str, object]:
 
 
 class ThermalToVisible(mlflow.pyfunc.PythonModel):
-    """artifacts: {"onnx": the generator from `export`}; model_config: {"max_pixels": largest frame accepted}."""
+    """artifacts: {"onnx": the generator from `export`}; model_config: {"max_pixels": largest frame accepted,
+    "max_model_pixels": most pixels one frame may cost once scaled to the model (`frames.model_size`)}."""
 
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
@@ -126,10 +129,21 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         self.preprocess = preprocess_config(metadata["preprocess"])
         self.in_channels = metadata["in_channels"]
         self.max_pixels = int(context.model_config["max_pixels"])
+        self.max_model_pixels = int(context.model_config["max_model_pixels"])
+
+    def check_work(self, height: int, width: int, where: str) -> None:
+        """A 400 naming `where`, the frame's size and the limit when the model would run on more than
+        `max_model_pixels` pixels: decided from the size alone, before any model call."""
+        rows, cols = model_size(height, width, self.preprocess.image_size)
+        if rows * cols > self.max_model_pixels:
+            raise bad_request(f"{where}: a {width}x{height} frame runs through the model at {cols}x{rows} = "
+                              f"{rows * cols} pixels (scaled by image_size {self.preprocess.image_size} / its shorter "
+                              f"side), over max_model_pixels {self.max_model_pixels} (refused before translating)")
 
     def frame(self, value: object, row: int) -> np.ndarray:
         """One request value -> its decoded thermal frame, or a 400 naming the row and the problem."""
         frame = decode_row(value, row, self.max_pixels)
+        self.check_work(*frame.shape[:2], f"row {row}")
         channels = 1 if frame.ndim == 2 else frame.shape[2]
         if channels != self.in_channels:
             raise bad_request(f"row {row}: thermal image has {channels} channel(s); this model takes "
@@ -175,7 +189,7 @@ def example_request(channels: int) -> pd.DataFrame:
     return pd.DataFrame({IMAGE: [to_base64(png_bytes(frame))]})
 
 
-def pyfunc_arguments(onnx_path: str | Path, max_pixels: int) -> dict[str, object]:
+def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int) -> dict[str, object]:
     """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc.
 
     The package source goes along as `code_paths`, so a registered version keeps the preprocessing it was
@@ -183,6 +197,7 @@ def pyfunc_arguments(onnx_path: str | Path, max_pixels: int) -> dict[str, object
     """
     channels = onnx_metadata(onnx_session(onnx_path))["in_channels"]
     return dict(python_model=ThermalToVisible(), artifacts={"onnx": str(onnx_path)},
-                code_paths=[str(Path(__file__).parent)], model_config={"max_pixels": max_pixels},
+                code_paths=[str(Path(__file__).parent)],
+                model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
                 signature=SIGNATURE, metadata=IMAGE_FORMATS, input_example=example_request(channels),
                 pip_requirements=requirements())
