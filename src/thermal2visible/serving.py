@@ -24,6 +24,7 @@ import importlib.metadata
 import io
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -34,9 +35,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, Schema
+import tifffile
 from PIL import Image
 
 from thermal2visible.data.images import BadImage, decode_image
+from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.errors import PipelineError
 from thermal2visible.export import run_onnx
@@ -45,10 +48,7 @@ from thermal2visible.pixels import quantise
 
 IMAGE = "image"
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
-# A signature says only "string": the MLmodel file's metadata says what the strings hold, for a reader of the registry.
-IMAGE_FORMATS = {
-    "input": "image: base64 PNG/JPEG/TIFF thermal frame of any size; 8/16-bit, or a float TIFF temperature map",
-    "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it"}
+EXAMPLE_SIDE = 32
 # What the pyfunc imports when it runs (the package itself travels with the model as code_paths).
 REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML")
 
@@ -182,11 +182,54 @@ def requirements() -> list[str]:
     return [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS]
 
 
-def example_request(channels: int) -> pd.DataFrame:
-    """A small gradient frame, 16-bit grey or 8-bit RGB, the input example logged with the model."""
-    ramp = np.linspace(0, 65535, 32 * 32).reshape(32, 32).astype(np.uint16)
-    frame = ramp if channels == 1 else np.dstack([ramp >> 8] * 3).astype(np.uint8)
-    return pd.DataFrame({IMAGE: [to_base64(png_bytes(frame))]})
+@dataclass(frozen=True)
+class ThermalKind:
+    """The kind of thermal frame a model was trained on: what its input example, and a reader of the registry,
+    must be told."""
+    dtype: str  # as the cache's manifest recorded it: uint8, uint16 (counts) or float32/float64 (temperatures)
+    channels: int
+    preprocess: PreprocessConfig
+
+    def __str__(self) -> str:
+        return (f"{self.dtype} {'grey' if self.channels == 1 else 'RGB'} thermal frame "
+                f"(thermal_norm: {self.preprocess.thermal_norm})")
+
+
+def thermal_kind(metadata: dict[str, object], where: str) -> ThermalKind:
+    """The kind of frame of an .onnx's `onnx_metadata`; a PipelineError naming `where` for an export that did not
+    record it."""
+    if "thermal_dtype" not in metadata:
+        raise PipelineError(f"{where}: its metadata does not say which kind of thermal frame it was trained on "
+                            "(exported before models recorded thermal_dtype): run the export stage again")
+    return ThermalKind(metadata["thermal_dtype"], metadata["in_channels"], preprocess_config(metadata["preprocess"]))
+
+
+def image_formats(kind: ThermalKind) -> dict[str, str]:
+    """What the signature's strings hold (it says only "string"): the MLmodel file's metadata, for a reader of
+    the registry."""
+    return {"input": f"image: base64 PNG/JPEG/TIFF thermal frame of any size; trained on {kind}",
+            "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it"}
+
+
+def example_frame(kind: ThermalKind) -> np.ndarray:
+    """A small ramp of the kind `kind`: across temperature_range for a temperature map, across the whole range of
+    counts for integer frames."""
+    dtype = np.dtype(kind.dtype)
+    low, high = kind.preprocess.temperature_range if dtype.kind == "f" else (0, np.iinfo(dtype).max)
+    ramp = np.linspace(low, high, EXAMPLE_SIDE ** 2).reshape(EXAMPLE_SIDE, EXAMPLE_SIDE).astype(dtype)
+    return ramp if kind.channels == 1 else np.dstack([ramp] * kind.channels)
+
+
+def tiff_bytes(pixels: np.ndarray) -> bytes:
+    """TIFF holds every kind a model takes (Pillow writes neither 16-bit RGB nor float PNGs)."""
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, pixels, photometric="minisblack" if pixels.ndim == 2 else "rgb")
+    return buffer.getvalue()
+
+
+def example_request(kind: ThermalKind) -> pd.DataFrame:
+    """The input example logged with the model: a frame of the kind it was trained on."""
+    return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(kind)))]})
 
 
 def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int) -> dict[str, object]:
@@ -195,9 +238,9 @@ def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: i
     The package source goes along as `code_paths`, so a registered version keeps the preprocessing it was
     trained with even after the code here moves on, and serves where the project is not installed.
     """
-    channels = onnx_metadata(onnx_session(onnx_path))["in_channels"]
+    kind = thermal_kind(onnx_metadata(onnx_session(onnx_path)), str(onnx_path))
     return dict(python_model=ThermalToVisible(), artifacts={"onnx": str(onnx_path)},
                 code_paths=[str(Path(__file__).parent)],
                 model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
-                signature=SIGNATURE, metadata=IMAGE_FORMATS, input_example=example_request(channels),
+                signature=SIGNATURE, metadata=image_formats(kind), input_example=example_request(kind),
                 pip_requirements=requirements())
