@@ -42,6 +42,7 @@ from common import (PAPER_MODEL, REPORTS, RAW_SIDE, arithmetic, gemm_peaks, mach
                     markdown_table, median_seconds, peaks_text, synthetic_cache, write_report)
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
+from thermal2visible.data.cache import load_manifest  # noqa: E402
 from thermal2visible.servers import model_server  # noqa: E402
 from thermal2visible.export import (cache_to_model_input, export_generator, quantize_int8, run_onnx,  # noqa: E402
                                     run_torch)
@@ -165,7 +166,7 @@ def main() -> None:
                        preprocess=dataclasses.asdict(cfg))
         generator, payload = load_generator(scratch / "generator.pt")
         fp32, int8 = scratch / "generator.onnx", scratch / "generator.int8.onnx"
-        export_generator(generator, payload, fp32, opset=18)
+        export_generator(generator, payload, fp32, opset=18, thermal_dtype=load_manifest(cache)["thermal_dtype"])
         quantize_int8(fp32, int8, images[:16])
         sessions = {"fp32": onnx_session(fp32), "int8": onnx_session(int8)}
         engines = {EAGER: lambda x: run_torch(generator, x),
@@ -181,7 +182,8 @@ def main() -> None:
         serving = None
         if not args.no_rest:
             model_dir = scratch / "pyfunc"
-            mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000))
+            mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000,
+                                                                          max_model_pixels=1_048_576))
             serving = rest_vs_in_process(model_dir, args.size, args.requests, args.rounds, scratch)
     peaks = gemm_peaks(engine_dtype(name) for name in engines)
     rows = []

@@ -45,8 +45,10 @@ def served_model(folder: Path, size: int, ngf: int) -> Path:
     save_generator(UNetGenerator(1, 3, size, ngf=ngf), folder / "generator.pt", "eval",
                    preprocess=dataclasses.asdict(PreprocessConfig(image_size=size)))
     generator, payload = load_generator(folder / "generator.pt")
-    export_generator(generator, payload, folder / "generator.onnx", opset=18)
-    mlflow.pyfunc.save_model(str(folder / "pyfunc"), **pyfunc_arguments(folder / "generator.onnx", 16_000_000))
+    # thermal_dtype: the kind of frame the clients send (16-bit PNGs)
+    export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype="uint16")
+    arguments = pyfunc_arguments(folder / "generator.onnx", max_pixels=16_000_000, max_model_pixels=1_048_576)
+    mlflow.pyfunc.save_model(str(folder / "pyfunc"), **arguments)
     return folder / "pyfunc"
 
 

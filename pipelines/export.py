@@ -18,6 +18,7 @@ from thermal2visible.config import Params
 from thermal2visible.export import (cache_to_model_input, check_parity, export_generator, median_latency_ms, psnr,
                                     quantize_int8, run_onnx, run_torch)
 from thermal2visible.checkpoints import load_generator
+from thermal2visible.data.cache import load_manifest
 from thermal2visible.serving import onnx_session
 from thermal2visible.paths import CACHE, GENERATOR, ONNX, ONNX_INT8, EXPORT_METRICS
 
@@ -35,13 +36,22 @@ def load_split(split: str, image_size: int) -> np.ndarray:
     return images
 
 
+def trained_thermal_dtype() -> str:
+    """The kind of thermal frame the cache holds (uint8, uint16 or a float map), as its manifest says."""
+    manifest = load_manifest(CACHE)
+    if "thermal_dtype" not in manifest:
+        raise PipelineError(f"{CACHE / 'manifest.json'}: says nothing of the thermal frames' kind (written before "
+                            "caches recorded it): run the preprocess stage again")
+    return manifest["thermal_dtype"]
+
+
 def main(params: Params) -> None:
     generator, payload = load_generator(GENERATOR)
     image_size = payload["model"]["image_size"]
     test = load_split("test", image_size)
 
     staged = ONNX.with_suffix(".onnx.partial")
-    export_generator(generator, payload, staged, params.export.opset)
+    export_generator(generator, payload, staged, params.export.opset, trained_thermal_dtype())
     session = onnx_session(staged)
     try:
         error = check_parity(session, generator, test, params.export.atol)

@@ -73,7 +73,8 @@ def main(params: Params) -> None:
         lineage={"training_run_id": training_run_id(metadata.get("fingerprint")),
                  "fingerprint": metadata.get("fingerprint"), "data_hash": metadata.get("data_hash"),
                  "git_commit": git.get("mlflow.source.git.commit"), "git_dirty": git.get("git_dirty")},
-        max_pixels=params.serve.max_pixels, score=test_set_scorer(CACHE))
+        max_pixels=params.serve.max_pixels, max_model_pixels=params.serve.max_model_pixels,
+        score=test_set_scorer(CACHE))
     summary = {"model_name": result.name, "version": result.version, "alias": result.alias,
                "test_psnr": test_psnr, "champion_psnr_before": result.champion_psnr_before, "gate": result.gate}
     REGISTER_METRICS.parent.mkdir(parents=True, exist_ok=True)

@@ -32,14 +32,15 @@ from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
 from thermal2visible.video import VIDEO_SUFFIXES, translate_video
 
 
-def load_model(model: str, max_pixels: int, scratch: Path) -> mlflow.pyfunc.PyFuncModel:
+def load_model(model: str, max_pixels: int, max_model_pixels: int, scratch: Path) -> mlflow.pyfunc.PyFuncModel:
     if model.endswith(".onnx"):
         if not Path(model).is_file():
             raise PipelineError(f"{model}: no such ONNX file")
-        mlflow.pyfunc.save_model(scratch / "pyfunc", **pyfunc_arguments(model, max_pixels))
+        mlflow.pyfunc.save_model(scratch / "pyfunc", **pyfunc_arguments(model, max_pixels, max_model_pixels))
         model = str(scratch / "pyfunc")
     try:
-        return mlflow.pyfunc.load_model(model, model_config={"max_pixels": max_pixels})
+        return mlflow.pyfunc.load_model(model, model_config={"max_pixels": max_pixels,
+                                                                 "max_model_pixels": max_model_pixels})
     except MlflowException as error:
         raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
 
@@ -80,13 +81,16 @@ def main() -> None:
     parser.add_argument("--output", required=True, type=Path, help="folder for the visible PNGs, or a video file")
     parser.add_argument("--max-pixels", type=int, default=ServeConfig.max_pixels,
                         help=f"largest image accepted, width x height (default {ServeConfig.max_pixels})")
+    parser.add_argument("--max-model-pixels", type=int, default=ServeConfig.max_model_pixels,
+                        help="most pixels one frame may cost the model once scaled by image_size / its shorter side "
+                             f"(default {ServeConfig.max_model_pixels})")
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     video = args.input.suffix.lower() in VIDEO_SUFFIXES
     try:
         images = [] if video else find_images(args.input)
         with tempfile.TemporaryDirectory() as scratch:
-            model = load_model(args.model, args.max_pixels, Path(scratch))
+            model = load_model(args.model, args.max_pixels, args.max_model_pixels, Path(scratch))
             if video:
                 frames = translate_video(model.unwrap_python_model(), args.input, args.output)
                 print(f"translated {frames} frames of {args.input} into {args.output}")

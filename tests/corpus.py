@@ -200,6 +200,9 @@ def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> 
                    f"exceeds max_pixels {max_pixels} (refused before decoding)"),
         BadRequest("header claims a huge image", {"instances": [{IMAGE: _b64(bomb_png(100_000, 100_000, True))}]},
                    400, "row 0: decompression bomb refused before decoding"),
+        BadRequest("thin frame: tiny to send, huge to translate",
+                   {"inputs": {IMAGE: [_b64(png(np.full((1, 8000), 128, np.uint8)))]}}, 400,
+                   "row 0: a 8000x1 frame runs through the model at"),
         BadRequest("multi-page TIFF", {"inputs": {IMAGE: [_b64(tiff(thermal16(), pages=2))]}}, 400,
                    "row 0: TIFF holds 2 images"),
         BadRequest("deeply nested JSON (500 levels)",
@@ -255,6 +258,7 @@ def write_bad_videos(folder: Path) -> list[BadVideo]:
     (folder / "empty.mp4").write_bytes(b"")
     (folder / "notes.mp4").write_text("not a video")
     write_video(folder / "huge.mp4", frames=2, width=640, height=512)
+    write_video(folder / "thin.mp4", frames=2, width=4000, height=2)  # 8000 pixels, 64000x32 at the model's 32 px
     return [
         # which frame the damage lands in depends on the encoder's output: any frame, named by its number
         BadVideo("corrupt frame", "corrupt.mp4", "out.mp4",
@@ -264,6 +268,8 @@ def write_bad_videos(folder: Path) -> list[BadVideo]:
         BadVideo("missing", "missing.mp4", "out.mp4", re.escape("missing.mp4: no such video file")),
         BadVideo("frames over max_pixels", "huge.mp4", "out.mp4",
                  re.escape("huge.mp4: 640x512 frames exceed max_pixels")),
+        BadVideo("frames too thin: over max_model_pixels once scaled", "thin.mp4", "out.mp4",
+                 re.escape("thin.mp4: a 4000x2 frame runs through the model at 64000x32 = 2048000 pixels")),
         BadVideo("output not a video", "good.mp4", "out.png",
                  re.escape("out.png: the output of a video must be a video file")),
     ]

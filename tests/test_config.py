@@ -37,6 +37,7 @@ def test_override_is_parsed_as_yaml():
     ("preprocess.percentiles=[99, 1]", "preprocess.percentiles"),
     ("preprocess.val_fraction=0.9", "preprocess.val_fraction"),
     ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
+    ("serve.max_model_pixels=4000", "serve.max_model_pixels: 4000 is less than one 64x64 training square"),
     ("train", "expected section.key=value"),
 ])
 def test_bad_values_name_their_key(override, named):

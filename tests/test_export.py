@@ -100,7 +100,8 @@ def test_a_generator_tested_in_train_mode_is_not_exported(tiny_cache, tmp_path):
     """Dropout on at test time makes every output random: nothing to check against PyTorch, nothing to serve."""
     generator, payload = load_generator(save_tiny_generator(tmp_path / "generator.pt", tiny_cache))
     with pytest.raises(PipelineError, match="train.test_mode: 'train'.*dropout on"):
-        export_generator(generator, payload | {"test_mode": "train"}, tmp_path / "generator.onnx", opset=18)
+        export_generator(generator, payload | {"test_mode": "train"}, tmp_path / "generator.onnx", opset=18,
+                         thermal_dtype="uint16")
     assert not (tmp_path / "generator.onnx").exists()
 
 

@@ -10,7 +10,7 @@ import pytest
 from skimage.transform import resize
 
 from thermal2visible.config import PreprocessConfig
-from thermal2visible.data.preprocess import crop_box, normalise, prepare_thermal, thermal_counts
+from thermal2visible.data.preprocess import crop_box, normalise_frame, prepare_thermal
 from thermal2visible.frames import translate_frame
 from thermal2visible.pixels import from_model, nhwc, to_model
 
@@ -35,7 +35,7 @@ def test_same_size_and_in_register(method, height, width):
     frame = scene(height, width)
     visible = translate_frame(identity, frame, CFG, method)
     assert visible.shape == (height, width, 3) and visible.dtype == np.float32
-    expected = normalise(thermal_counts(frame), CFG)[:, :, 0]
+    expected = normalise_frame(frame, CFG)[0][:, :, 0]
     # The frame is scaled to the model's size and back: equal up to that resampling's blur at the edges.
     inside = np.abs(visible[:, :, 0] - expected)
     assert np.median(inside) < 0.01 and np.percentile(inside, 90) < 0.1
@@ -64,3 +64,25 @@ def test_face_crop_is_pasted_back_into_its_box():
     stripes = visible[:, :, 0] == 0  # the full frame around it went through at the frame's own scale
     assert stripes[:, :left].any() and not np.array_equal(stripes[top:top + side, :side], stripes[top:top + side,
                                                                                                   left:left + side])
+
+
+def recording(batches: list[np.ndarray]):
+    """The identity network, keeping every batch it was given: what the model saw."""
+    def generate(batch: np.ndarray) -> np.ndarray:
+        batches.append(batch.copy())
+        return identity(batch)
+    return generate
+
+
+def test_hot_and_cold_beside_the_face_do_not_rescale_it():
+    """A camera frame wider than the training square, a radiator left and a window right: over the training view
+    (the centre square) the model sees exactly what training saw (`prepare_thermal`); the strips clip around it.
+    (Normalising over the whole frame stretched the face by the strips' values instead.)"""
+    frame = np.hstack([np.full((16, 16), 65_000, np.uint16), scene(16, 16), np.full((16, 16), 1_000, np.uint16)])
+    cfg = dataclasses.replace(CFG, thermal_norm="percentile")
+    assert crop_box(frame, cfg) == (0, 16, 16)
+    batches = []
+    translate_frame(recording(batches), frame, cfg, "tile")
+    hot, _, centre, _, cold = np.concatenate(batches)  # 16 px tiles every 8 px over a 16x48 frame
+    np.testing.assert_allclose(centre, to_model(prepare_thermal(frame, cfg))[0], atol=1e-6)
+    assert np.all(hot[:, :, :8] == 1.0) and np.all(cold[:, :, 8:] == -1.0)  # beyond the face's range: clipped

@@ -8,13 +8,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import base64
+
 import mlflow
+import numpy as np
 import onnx
 import pytest
+from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
 from thermal2visible.servers import mlflow_server
 from tiny_model import export_tiny
 
+from thermal2visible.config import load_params
+from thermal2visible.data.cache import build_cache
+from thermal2visible.data.images import decode_image
+from thermal2visible.data.ingest import ingest
+from thermal2visible.errors import PipelineError
 from thermal2visible.registry import CHALLENGER, CHAMPION, gate, register
 from thermal2visible.serving import IMAGE
 
@@ -56,7 +65,8 @@ def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, score=Non
     with mlflow.start_run(run_name="train") as training:
         pass
     return register(onnx_model, name=name, experiment="registry-tests", test_psnr=psnr, parity_passed=parity,
-                    metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000, score=score,
+                    metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000, max_model_pixels=1_048_576,
+                    score=score,
                     lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None})
 
 
@@ -174,3 +184,57 @@ def test_register_stage_needs_evaluation(tracking_uri, onnx_model, tmp_path):
                             capture_output=True, text=True, env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri})
     assert result.returncode == 1
     assert result.stderr.strip() == "error: metrics/export.json: missing (run the export stage first)"
+
+
+# thermal kind -> (one frame of it, its file format, the normalisation a user of such frames trains with)
+THERMAL_KINDS = {
+    "uint8": (lambda seed: rgb(seed=seed)[:, :, 0], png, "percentile"),
+    "uint16": (lambda seed: thermal16(seed=seed), png, "percentile"),
+    "uint8 RGB": (lambda seed: rgb(seed=seed), png, "percentile"),
+    "float32": (lambda seed: temperatures(seed=seed), tiff, "temperature"),
+}
+
+
+def cache_of_kind(folder: Path, kind: str, write_params) -> Path:
+    """A 6-pair dataset whose thermal frames are all of `kind`, through the real ingest and preprocess."""
+    frame, encode, norm = THERMAL_KINDS[kind]
+    suffix = ".tif" if encode is tiff else ".png"
+    for seed in range(6):
+        for side, image, save in (("thermal", frame(seed), encode), ("visible", rgb(seed=seed), png)):
+            path = folder / "raw" / side / f"person_{seed % 3}" / f"{seed}{suffix if side == 'thermal' else '.png'}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(save(image))
+    params = load_params(write_params(folder, f"preprocess.thermal_norm={norm}"))
+    index, _ = ingest(folder / "raw", "pairs", params.ingest)
+    build_cache(index, params.preprocess, params.ingest.max_pixels, folder / "cache")
+    return folder / "cache"
+
+
+@pytest.mark.parametrize("kind", THERMAL_KINDS)
+def test_a_registered_model_carries_an_example_of_the_frames_it_was_trained_on(client, tmp_path, kind,
+                                                                              write_params):
+    """A temperature-map model's example is a float map, a 16-bit model's 16-bit, an RGB model's RGB, and each
+    predicts (registration checks it). Before, every grey model got a 16-bit example, which a temperature model
+    refuses: MLflow logged a warning and registered it anyway."""
+    frame, _, _ = THERMAL_KINDS[kind]
+    model = export_tiny(tmp_path / "model", cache_of_kind(tmp_path, kind, write_params))
+    added = add(model, f"kind-{kind.replace(' ', '-')}", 20.0)
+    uri = f"models:/{added.name}/{added.version}"
+    example = mlflow.pyfunc.load_model(uri).input_example
+    sent = decode_image(base64.b64decode(example[IMAGE][0]), "example", 10_000)
+    assert (sent.dtype, sent.shape[2:]) == (frame(0).dtype, frame(0).shape[2:])
+    assert f"trained on {kind.split()[0]} {'RGB' if 'RGB' in kind else 'grey'}" in \
+        mlflow.models.get_model_info(uri).metadata["input"]
+
+
+def test_a_model_that_fails_on_its_own_example_is_not_registered(client, onnx_model, tmp_path):
+    """An .onnx whose metadata disagrees with its graph (preprocess resizes to half the graph's size) cannot
+    translate anything: registration stops, naming the file, and no version appears."""
+    broken = onnx.load(onnx_model)
+    props = {prop.key: json.loads(prop.value) for prop in broken.metadata_props}
+    props["preprocess"]["image_size"] = props["image_size"] // 2
+    onnx.helper.set_model_props(broken, {key: json.dumps(value) for key, value in props.items()})
+    onnx.save_model(broken, tmp_path / "broken.onnx")
+    with pytest.raises(PipelineError, match="broken.onnx: the packed model fails on its own input example"):
+        add(tmp_path / "broken.onnx", "broken", 20.0)
+    assert client.search_model_versions("name='broken'") == []

@@ -49,7 +49,8 @@ def listening_addresses(port: int) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the listening sockets from Linux's /proc")
 def test_mlflow_servers_listen_on_loopback_only_when_no_host_is_given(tmp_path, tiny_cache):
-    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **pyfunc_arguments(export_tiny(tmp_path, tiny_cache), 10_000))
+    arguments = pyfunc_arguments(export_tiny(tmp_path, tiny_cache), max_pixels=10_000, max_model_pixels=1_048_576)
+    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     port = free_port()
     tracking = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port),
                 "--workers", "1"]

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -27,6 +28,7 @@ from thermal2visible.serving import IMAGE, png_bytes, pyfunc_arguments, to_base6
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PIXELS = 100_000
+MAX_MODEL_PIXELS = 100_000  # the tiny model's 32 px squares: a 97:1 strip at most
 MODEL_URI = "models:/served@champion"
 
 
@@ -71,7 +73,8 @@ def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFu
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
         register(model, name="served", experiment="serving-tests", test_psnr=20.0, parity_passed=True,
-                 metrics={}, lineage={}, max_pixels=MAX_PIXELS)
+                 metrics={}, lineage={}, max_pixels=MAX_PIXELS,
+                 max_model_pixels=MAX_MODEL_PIXELS)
         return mlflow.pyfunc.load_model(MODEL_URI)
 
 
@@ -140,6 +143,20 @@ def test_bad_request_is_a_clear_400_and_the_server_keeps_serving(url, body, phra
     assert requests.get(f"{url}/ping").status_code == 200
 
 
+def test_a_thin_frame_is_refused_before_any_work_and_the_server_keeps_serving(url):
+    """8000x1 pixels: under max_pixels as sent, but 256000x32 once scaled to the model's 32 px (8.2 M pixels, about
+    16 000 tiles); the answer names its size and the limit at once, even behind a good row, and nothing queues."""
+    thin = png(np.full((1, 8000), 128, np.uint8))
+    started = time.monotonic()
+    response = invoke(url, {"dataframe_split": {"columns": [IMAGE], "data": [[FRAMES[0]], [thin]]}})
+    assert response.status_code == 400 and time.monotonic() - started < 5
+    assert response.json()["message"] == (
+        "row 1: a 8000x1 frame runs through the model at 256000x32 = 8192000 pixels (scaled by image_size 32 / its "
+        f"shorter side), over max_model_pixels {MAX_MODEL_PIXELS} (refused before translating)")
+    started = time.monotonic()
+    assert invoke(url, {"inputs": {IMAGE: FRAMES[:1]}}).status_code == 200 and time.monotonic() - started < 5
+
+
 def test_error_echo_of_a_dataframe_request_is_truncated(url):
     """MLflow echoes the input before the error; for dataframe forms pandas cuts every value to 50 characters."""
     big = png(np.random.default_rng(1).integers(0, 255, (200, 200, 3), dtype=np.uint8))  # ~160 kB, wrong channels
@@ -187,7 +204,8 @@ def test_a_fault_in_the_model_is_a_500_without_traceback(tmp_path, tiny_cache):
     props["preprocess"]["image_size"] = props["image_size"] // 2
     onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in props.items()})
     onnx.save_model(model, tmp_path / "mismatched.onnx")
-    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **pyfunc_arguments(tmp_path / "mismatched.onnx", MAX_PIXELS))
+    arguments = pyfunc_arguments(tmp_path / "mismatched.onnx", MAX_PIXELS, MAX_MODEL_PIXELS)
+    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     with pytest.raises(MlflowException) as raised:
         mlflow.pyfunc.load_model(str(tmp_path / "pyfunc")).predict(pd.DataFrame({IMAGE: FRAMES[:1]}))
     assert raised.value.get_http_status_code() == 500

@@ -33,5 +33,6 @@ def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8) ->
 def export_tiny(folder: Path, cache: Path, seed: int = 0) -> Path:
     """folder/generator.pt and folder/generator.onnx (opset 18) of a tiny generator; returns the .onnx."""
     generator, payload = load_generator(save_tiny_generator(folder / "generator.pt", cache, seed))
-    export_generator(generator, payload, folder / "generator.onnx", opset=18)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype=manifest["thermal_dtype"])
     return folder / "generator.onnx"

@@ -133,6 +133,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 5001
     max_pixels: int = 16_000_000
+    max_model_pixels: int = 1_048_576
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,9 @@ def _check(params: Params) -> None:
     if params.early_stop.window > t.max_epochs:
         raise ConfigError(f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs {t.max_epochs}, "
                           "so no smoothed PSNR (and no best model) would ever exist")
+    if params.serve.max_model_pixels < size * size:
+        raise ConfigError(f"serve.max_model_pixels: {params.serve.max_model_pixels} is less than one "
+                          f"{size}x{size} training square (preprocess.image_size): every frame would be refused")
     if p.jitter_scale < 1:
         raise ConfigError(f"preprocess.jitter_scale: {p.jitter_scale} must be >= 1 (resize up, then crop back)")
 

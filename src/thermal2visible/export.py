@@ -32,9 +32,10 @@ def cache_to_model_input(thermal: np.ndarray) -> np.ndarray:
     return to_model(np.asarray(thermal))
 
 
-def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opset: int) -> None:
+def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opset: int, thermal_dtype: str) -> None:
     """Write `generator` (eval mode: dropout off, batch norm on its running statistics) to `path`, with
-    the model settings, preprocess settings and lineage of its `generator.pt` payload as metadata."""
+    the model settings, preprocess settings and lineage of its `generator.pt` payload as metadata, and
+    `thermal_dtype`, the kind of thermal frame it was trained on (the cache manifest's: uint8, uint16, float32...)."""
     if payload["test_mode"] != "eval":
         raise PipelineError(
             f"train.test_mode: {payload['test_mode']!r}: this generator was validated with dropout on, so its output "
@@ -43,6 +44,7 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
     config = payload["model"]
     metadata = {"opset": opset, "image_size": config["image_size"], "in_channels": config["in_channels"],
                 "out_channels": config["out_channels"], "input_range": [-1, 1], "preprocess": payload["preprocess"],
+                "thermal_dtype": thermal_dtype,
                 "fingerprint": payload.get("fingerprint"), "data_hash": payload.get("data_hash")}
     generator.eval()
     size = config["image_size"]

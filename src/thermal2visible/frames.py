@@ -1,8 +1,10 @@
 """Full-frame, geometry-true translation of one thermal frame of any size: the one road from a camera frame to a
 visible frame, used by REST serving, batch translation (folders and video) and full-frame evaluation.
 
-The frame is normalised as training normalises (`preprocess.normalise`), scaled by image_size / min(H, W) (the
-scale at which a centre-cropped training frame reached the model), translated whole, and scaled back to
+The frame is normalised as training normalises (`preprocess.normalise_frame`: the range comes from the training
+view, the centre square or the face box, and applies to the whole frame, so hot or cold things beside the face clip
+instead of rescaling it), scaled by image_size / min(H, W) (`model_size`: the scale at which a centre-cropped
+training frame reached the model), translated whole, and scaled back to
 exactly H x W: every output pixel comes from the input pixel at the same place, so the output lies in register
 with the input whatever its aspect. Two ways to run a U-Net (sides must be multiples of image_size = 2^levels)
 on a frame that is not the training square:
@@ -24,7 +26,7 @@ from skimage.metrics import peak_signal_noise_ratio
 from skimage.transform import resize
 
 from thermal2visible.config import PreprocessConfig
-from thermal2visible.data.preprocess import check_thermal_kind, crop_box, normalise, prepare_thermal, thermal_counts
+from thermal2visible.data.preprocess import normalise_frame, training_view
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
 
 Generate = Callable[[np.ndarray], np.ndarray]  # (N,Ct,H,W) float32 in [-1,1] -> (N,Cv,H,W) in [-1,1]
@@ -68,6 +70,13 @@ def _tiled(generate: Generate, image: np.ndarray, side: int) -> np.ndarray:
     return blended / total
 
 
+def model_size(height: int, width: int, side: int) -> tuple[int, int]:
+    """(rows, cols) of a height x width frame scaled by side / its shorter side, at least side x side: what the
+    model runs on, and so the work a frame costs (a thin frame grows: 8000x1 becomes 512000x64 at side 64)."""
+    scale = side / min(height, width)
+    return max(side, round(height * scale)), max(side, round(width * scale))
+
+
 def translate_frame(generate: Generate, frame: np.ndarray, cfg: PreprocessConfig,
                     method: Method = METHOD) -> np.ndarray:
     """One thermal frame (HxW or HxWxC; uint8, uint16 or float temperatures) -> the visible frame as float32
@@ -75,18 +84,17 @@ def translate_frame(generate: Generate, frame: np.ndarray, cfg: PreprocessConfig
 
     `cfg` is the preprocess section the model was trained with; raises PipelineError when the frame's kind does
     not fit its normalisation (integer counts for `temperature`, float temperatures for `fixed`)."""
-    check_thermal_kind(frame, cfg)
+    normalised, box = normalise_frame(frame, cfg)
     height, width = frame.shape[:2]
     side = cfg.image_size
-    scale = side / min(height, width)
-    scaled = _resized(normalise(thermal_counts(frame), cfg), max(side, round(height * scale)),
-                      max(side, round(width * scale)))
+    scaled = _resized(normalised, *model_size(height, width, side))
     generated = _padded(generate, scaled, side) if method == "pad" else _tiled(generate, scaled, side)
     visible = np.clip(_resized(from_model(generated), height, width), 0.0, 1.0)
     if cfg.face_crop:
-        top, left, box = crop_box(frame, cfg)
-        face = nhwc(generate(to_model(prepare_thermal(frame, cfg))))[0]
-        visible[top:top + box, left:left + box] = np.clip(_resized(from_model(face), box, box), 0.0, 1.0)
+        top, left, box_side = box
+        face = nhwc(generate(to_model(training_view(normalised, box, cfg))))[0]
+        visible[top:top + box_side, left:left + box_side] = np.clip(_resized(from_model(face), box_side, box_side),
+                                                                    0.0, 1.0)
     return visible
 
 

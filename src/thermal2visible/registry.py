@@ -6,7 +6,8 @@ new version wins when its ONNX export passed the parity check and it scores at l
 champion's version and whether the two were trained on different data (their `data_hash` tags differ) go on the
 new version as tags. Without a `score` (no test frames at hand) the stored `test_psnr` tags are compared, and the
 version's `gate_basis` tag says so. A version that loses is the `challenger`. Versions are never overwritten,
-so a rejected model stays inspectable and servable.
+so a rejected model stays inspectable and servable. A model that fails on its own input example (a frame of the
+kind it was trained on) is never registered: MLflow itself only logs a warning.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 import mlflow
+import pandas as pd
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from mlflow.models import convert_input_example_to_serving_input, validate_serving_input
 
+from thermal2visible.errors import PipelineError
 from thermal2visible.serving import pyfunc_arguments
 
 CHAMPION = "champion"
@@ -75,8 +79,18 @@ def _compare(client: MlflowClient, name: str, version: str, test_psnr: float, da
     return old, record | {"basis": SAME_TEST_SET, "new_psnr": new, "champion_psnr": old}
 
 
+def check_example_predicts(model_uri: str, example: pd.DataFrame, onnx_path: str | Path) -> None:
+    """Run the logged model on its own input example as the scoring server would (JSON in, `predict`); a
+    PipelineError naming the .onnx and the model's answer when it fails."""
+    try:
+        validate_serving_input(model_uri, convert_input_example_to_serving_input(example))
+    except MlflowException as error:
+        raise PipelineError(f"{onnx_path}: the packed model fails on its own input example, a frame of the kind it "
+                            f"was trained on ({error.message}); nothing was registered") from None
+
+
 def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: float, parity_passed: bool,
-             metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int,
+             metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int, max_model_pixels: int,
              score: Callable[[str], float] | None = None) -> Registered:
     """Log the .onnx as a pyfunc in a `register` run, add it as a new version of `name`, gate it, set its alias.
 
@@ -91,7 +105,9 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     with mlflow.start_run(run_name="register") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
-        logged = mlflow.pyfunc.log_model(name="model", **pyfunc_arguments(onnx_path, max_pixels))
+        arguments = pyfunc_arguments(onnx_path, max_pixels, max_model_pixels)
+        logged = mlflow.pyfunc.log_model(name="model", **arguments)
+        check_example_predicts(logged.model_uri, arguments["input_example"], onnx_path)
     ensure_registered_model(client, name)
     # The version's run is the training run that made the weights: the run page lists the version, and the
     # version page links back to that run (the register run only packed them).

@@ -12,7 +12,9 @@ translation (pipelines/translate.py) all call this class.
 A request the model cannot use raises a ServingError (INVALID_PARAMETER_VALUE), which the scoring server
 answers with 400 and the message (naming the row); anything else is a bug in this code and answers 500
 without the traceback, which goes to the server log instead. An image's base64 may be at most
-`max_encoded_length(max_pixels)` characters: the server itself reads a request body of any size.
+`max_encoded_length(max_pixels)` characters: the server itself reads a request body of any size. The work is
+bounded too: a frame the model would run at more than `max_model_pixels` pixels (`frames.model_size`: a thin
+frame grows when scaled to the training size) is refused before any row is translated.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import importlib.metadata
 import io
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -32,21 +35,20 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, Schema
+import tifffile
 from PIL import Image
 
 from thermal2visible.data.images import BadImage, decode_image
+from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.errors import PipelineError
 from thermal2visible.export import run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.frames import model_size, translate_frame
 from thermal2visible.pixels import quantise
 
 IMAGE = "image"
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
-# A signature says only "string": the MLmodel file's metadata says what the strings hold, for a reader of the registry.
-IMAGE_FORMATS = {
-    "input": "image: base64 PNG/JPEG/TIFF thermal frame of any size; 8/16-bit, or a float TIFF temperature map",
-    "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it"}
+EXAMPLE_SIDE = 32
 # What the pyfunc imports when it runs (the package itself travels with the model as code_paths).
 REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML")
 
@@ -118,7 +120,8 @@ def onnx_metadata(session: ort.InferenceSession) -> dict[str, object]:
 
 
 class ThermalToVisible(mlflow.pyfunc.PythonModel):
-    """artifacts: {"onnx": the generator from `export`}; model_config: {"max_pixels": largest frame accepted}."""
+    """artifacts: {"onnx": the generator from `export`}; model_config: {"max_pixels": largest frame accepted,
+    "max_model_pixels": most pixels one frame may cost once scaled to the model (`frames.model_size`)}."""
 
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
@@ -126,10 +129,21 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         self.preprocess = preprocess_config(metadata["preprocess"])
         self.in_channels = metadata["in_channels"]
         self.max_pixels = int(context.model_config["max_pixels"])
+        self.max_model_pixels = int(context.model_config["max_model_pixels"])
+
+    def check_work(self, height: int, width: int, where: str) -> None:
+        """A 400 naming `where`, the frame's size and the limit when the model would run on more than
+        `max_model_pixels` pixels: decided from the size alone, before any model call."""
+        rows, cols = model_size(height, width, self.preprocess.image_size)
+        if rows * cols > self.max_model_pixels:
+            raise bad_request(f"{where}: a {width}x{height} frame runs through the model at {cols}x{rows} = "
+                              f"{rows * cols} pixels (scaled by image_size {self.preprocess.image_size} / its shorter "
+                              f"side), over max_model_pixels {self.max_model_pixels} (refused before translating)")
 
     def frame(self, value: object, row: int) -> np.ndarray:
         """One request value -> its decoded thermal frame, or a 400 naming the row and the problem."""
         frame = decode_row(value, row, self.max_pixels)
+        self.check_work(*frame.shape[:2], f"row {row}")
         channels = 1 if frame.ndim == 2 else frame.shape[2]
         if channels != self.in_channels:
             raise bad_request(f"row {row}: thermal image has {channels} channel(s); this model takes "
@@ -168,21 +182,65 @@ def requirements() -> list[str]:
     return [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS]
 
 
-def example_request(channels: int) -> pd.DataFrame:
-    """A small gradient frame, 16-bit grey or 8-bit RGB, the input example logged with the model."""
-    ramp = np.linspace(0, 65535, 32 * 32).reshape(32, 32).astype(np.uint16)
-    frame = ramp if channels == 1 else np.dstack([ramp >> 8] * 3).astype(np.uint8)
-    return pd.DataFrame({IMAGE: [to_base64(png_bytes(frame))]})
+@dataclass(frozen=True)
+class ThermalKind:
+    """The kind of thermal frame a model was trained on: what its input example, and a reader of the registry,
+    must be told."""
+    dtype: str  # as the cache's manifest recorded it: uint8, uint16 (counts) or float32/float64 (temperatures)
+    channels: int
+    preprocess: PreprocessConfig
+
+    def __str__(self) -> str:
+        return (f"{self.dtype} {'grey' if self.channels == 1 else 'RGB'} thermal frame "
+                f"(thermal_norm: {self.preprocess.thermal_norm})")
 
 
-def pyfunc_arguments(onnx_path: str | Path, max_pixels: int) -> dict[str, object]:
+def thermal_kind(metadata: dict[str, object], where: str) -> ThermalKind:
+    """The kind of frame of an .onnx's `onnx_metadata`; a PipelineError naming `where` for an export that did not
+    record it."""
+    if "thermal_dtype" not in metadata:
+        raise PipelineError(f"{where}: its metadata does not say which kind of thermal frame it was trained on "
+                            "(exported before models recorded thermal_dtype): run the export stage again")
+    return ThermalKind(metadata["thermal_dtype"], metadata["in_channels"], preprocess_config(metadata["preprocess"]))
+
+
+def image_formats(kind: ThermalKind) -> dict[str, str]:
+    """What the signature's strings hold (it says only "string"): the MLmodel file's metadata, for a reader of
+    the registry."""
+    return {"input": f"image: base64 PNG/JPEG/TIFF thermal frame of any size; trained on {kind}",
+            "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it"}
+
+
+def example_frame(kind: ThermalKind) -> np.ndarray:
+    """A small ramp of the kind `kind`: across temperature_range for a temperature map, across the whole range of
+    counts for integer frames."""
+    dtype = np.dtype(kind.dtype)
+    low, high = kind.preprocess.temperature_range if dtype.kind == "f" else (0, np.iinfo(dtype).max)
+    ramp = np.linspace(low, high, EXAMPLE_SIDE ** 2).reshape(EXAMPLE_SIDE, EXAMPLE_SIDE).astype(dtype)
+    return ramp if kind.channels == 1 else np.dstack([ramp] * kind.channels)
+
+
+def tiff_bytes(pixels: np.ndarray) -> bytes:
+    """TIFF holds every kind a model takes (Pillow writes neither 16-bit RGB nor float PNGs)."""
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, pixels, photometric="minisblack" if pixels.ndim == 2 else "rgb")
+    return buffer.getvalue()
+
+
+def example_request(kind: ThermalKind) -> pd.DataFrame:
+    """The input example logged with the model: a frame of the kind it was trained on."""
+    return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(kind)))]})
+
+
+def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int) -> dict[str, object]:
     """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc.
 
     The package source goes along as `code_paths`, so a registered version keeps the preprocessing it was
     trained with even after the code here moves on, and serves where the project is not installed.
     """
-    channels = onnx_metadata(onnx_session(onnx_path))["in_channels"]
+    kind = thermal_kind(onnx_metadata(onnx_session(onnx_path)), str(onnx_path))
     return dict(python_model=ThermalToVisible(), artifacts={"onnx": str(onnx_path)},
-                code_paths=[str(Path(__file__).parent)], model_config={"max_pixels": max_pixels},
-                signature=SIGNATURE, metadata=IMAGE_FORMATS, input_example=example_request(channels),
+                code_paths=[str(Path(__file__).parent)],
+                model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
+                signature=SIGNATURE, metadata=image_formats(kind), input_example=example_request(kind),
                 pip_requirements=requirements())

@@ -78,7 +78,7 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     speeds = [m.value for m in sorted(client.get_metric_history(run_id, "images_per_s"), key=lambda m: m.step)]
     best = summary["best_epoch"]
     return summary | {
-        "name": name, "overrides": overrides, "wall_s": round(wall, 1),
+        "name": name, "overrides": overrides, "mlflow_run_id": run_id, "wall_s": round(wall, 1),
         "time_to_best_s": round((psnr_times[best] - started_ms) / 1000, 1) if best in psnr_times else None,
         "psnr_seconds": [round((psnr_times[epoch] - started_ms) / 1000, 1) for epoch in sorted(psnr_times)],
         # The first epoch pays for warm-up (allocations, the DDP handshake): the median of the others.

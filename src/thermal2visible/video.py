@@ -25,6 +25,9 @@ class FrameTranslator(Protocol):
     in_channels: int
     max_pixels: int
 
+    def check_work(self, height: int, width: int, where: str) -> None:
+        """Raises naming `where` when frames of this size would cost the model more than it allows."""
+
     def translate(self, frame: np.ndarray, where: str) -> np.ndarray:
         """Decoded thermal frame -> uint8 visible frame of its size; raises naming `where`."""
 
@@ -56,6 +59,7 @@ def translate_video(model: FrameTranslator, source: Path, target: Path) -> int:
         width, height = stream.codec_context.width, stream.codec_context.height
         if width * height > model.max_pixels:
             raise PipelineError(f"{source}: {width}x{height} frames exceed max_pixels {model.max_pixels}")
+        model.check_work(height, width, str(source))
         rate = stream.average_rate or stream.guessed_rate or Fraction(25)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
     # that side, resized once from the source, so a jittered crop is resampled once, as the test images are.
     jitter = dataclasses.replace(cfg, image_size=jitter_side(cfg))
     out_dir.mkdir(parents=True, exist_ok=True)
-    sources, counts = [], {}
+    sources, counts, thermal_dtypes = [], {}, Counter()
     with tqdm(total=len(pairs), desc="preprocess", unit="pair") as progress:
         for split in SPLITS:
             members = [p for p, s in zip(pairs, splits) if s == split]
@@ -51,6 +52,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
                       for name, config in outputs.items()}
             for row, pair in enumerate(members):
                 raw_thermal, raw_visible = read_pair(root, pair, layout, max_pixels)
+                thermal_dtypes[raw_thermal.dtype.name] += 1
                 for name, config in outputs.items():
                     thermal, visible = arrays[name]
                     try:
@@ -71,6 +73,9 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
                 np.save(out_dir / f"{name}_identity.npy", labels)
     manifest = {"root": index["root"], "layout": layout, "max_pixels": max_pixels,
                 "image_size": size, "jitter_size": jitter.image_size, "thermal_channels": channels[0],
+                # what the camera gave (uint8, uint16 counts or a float temperature map): the kind of frame the
+                # model is trained on, so the registered model's input example is one it takes
+                "thermal_dtype": thermal_dtypes.most_common(1)[0][0],
                 "visible_channels": channels[1], "identities": identities, "counts": counts,
                 "preprocess": dataclasses.asdict(cfg), "sources": sources}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -1,7 +1,9 @@
 """One raw pair -> model-sized arrays, and which split each pair goes to.
 
-`prepare_thermal` is the only road from a camera frame to the model's input: the cache writer uses it for
-training data and serving uses it for requests, so both see exactly the same crop, normalisation and resize.
+`normalise_frame` is the only road from a camera frame's values to the model's [0, 1]: the statistics come from
+the training view (`crop_box`: the centre square, or the face box) and apply to the whole frame. The cache writer
+cuts its training images out of it (`prepare_thermal`) and `frames.translate_frame` translates all of it, so a
+face reaches the model with the same values whatever hot or cold thing is beside it in the frame.
 """
 from __future__ import annotations
 
@@ -83,23 +85,40 @@ def check_thermal_kind(image: np.ndarray, cfg: PreprocessConfig) -> None:
                             "(use thermal_norm: temperature with temperature_range, or percentile)")
 
 
-def normalise(counts: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
-    """Thermal values -> [0, 1]: per-image percentiles, a fixed range of raw counts, or a fixed temperature range
-    in the map's unit (the same temperature is the same grey in every frame)."""
+def thermal_range(counts: np.ndarray, cfg: PreprocessConfig) -> tuple[float, float]:
+    """The values that map to 0 and 1: percentiles of `counts` (the training view's), a fixed range of raw
+    counts, or a fixed temperature range in the map's unit (the same temperature is the same grey in every frame)."""
     if cfg.thermal_norm == "percentile":
-        low, high = np.percentile(counts, cfg.percentiles)
-    else:
-        low, high = cfg.temperature_range if cfg.thermal_norm == "temperature" else cfg.fixed_range
-    if high <= low:  # a flat frame: nothing to stretch
+        low, high = np.percentile(counts, cfg.percentiles)  # float64, as the cache has always computed them
+        return low, high
+    return cfg.temperature_range if cfg.thermal_norm == "temperature" else cfg.fixed_range
+
+
+def apply_range(counts: np.ndarray, low: float, high: float) -> np.ndarray:
+    """`counts` -> [0, 1] linearly, `low` -> 0 and `high` -> 1; values beyond the range clip."""
+    if high <= low:  # a flat training view: nothing to stretch
         return np.zeros_like(counts)
     return np.clip((counts - low) / (high - low), 0.0, 1.0)
 
 
-def prepare_thermal(image: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
-    """A uint8/uint16/float HxW or HxWxC thermal frame -> float32 (S, S, C) in [0, 1]."""
+def normalise_frame(image: np.ndarray, cfg: PreprocessConfig) -> tuple[np.ndarray, Box]:
+    """A uint8/uint16/float HxW or HxWxC thermal frame -> (the whole frame as float32 HxWxC in [0, 1], the
+    training view's box). The range comes from the training view alone, as in training: a radiator or a window
+    elsewhere in the frame clips instead of rescaling the face."""
     check_thermal_kind(image, cfg)
-    square = _square(thermal_counts(image), crop_box(image, cfg))
-    return _resize(normalise(square, cfg), cfg.image_size)
+    counts = thermal_counts(image)
+    box = crop_box(image, cfg)
+    return apply_range(counts, *thermal_range(_square(counts, box), cfg)), box
+
+
+def training_view(normalised: np.ndarray, box: Box, cfg: PreprocessConfig) -> np.ndarray:
+    """The box of a `normalise_frame`d frame at the model's size: float32 (S, S, C) in [0, 1]."""
+    return _resize(_square(normalised, box), cfg.image_size)
+
+
+def prepare_thermal(image: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """A uint8/uint16/float HxW or HxWxC thermal frame -> float32 (S, S, C) in [0, 1]: what the model trains on."""
+    return training_view(*normalise_frame(image, cfg), cfg)
 
 
 def prepare_visible(image: np.ndarray, thermal: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
