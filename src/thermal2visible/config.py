@@ -50,6 +50,8 @@ class PreprocessConfig:
     test_fraction: float = 0.15
     seed: int = 0
     jitter_scale: float = 1.1171875
+    align: bool = True
+    align_max_residual: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,8 @@ def _check(params: Params) -> None:
     if params.early_stop.window > t.max_epochs:
         raise ConfigError(f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs {t.max_epochs}, "
                           "so no smoothed PSNR (and no best model) would ever exist")
+    if p.align_max_residual <= 0:
+        raise ConfigError(f"preprocess.align_max_residual: {p.align_max_residual} must be > 0 (pixels)")
     if p.jitter_scale < 1:
         raise ConfigError(f"preprocess.jitter_scale: {p.jitter_scale} must be >= 1 (resize up, then crop back)")
 
