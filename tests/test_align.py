@@ -70,7 +70,8 @@ def test_a_pair_the_rig_cannot_align_is_refused_naming_it_or_skipped(tmp_path, w
 
     refused = run_stage_script("preprocess.py", tmp_path)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert "error: preprocess.align: 1 pair(s) still lie more than preprocess.align_max_residual 2.0 px" in refused.stderr
+    assert "error: preprocess.align: 1 pair(s) still lie more than preprocess.align_max_residual 2.0 px" in (
+        refused.stderr)
     assert f"data/raw/thermal/person_00/000.png <-> {moved}: " in refused.stderr
     assert not (tmp_path / "data" / "cache").exists() and not (tmp_path / "reports" / "align.json").exists()
 

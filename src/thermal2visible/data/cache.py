@@ -29,6 +29,7 @@ def jitter_side(cfg: PreprocessConfig) -> int:
 
 
 def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list[dict]:
+    """The pairs the rig cannot align, by file and residual, as reports/align.json and the error name them."""
     return [{"thermal": (root / pairs[i]["thermal"]).as_posix(), "visible": (root / pairs[i]["visible"]).as_posix(),
              "residual_px": registration.residuals[i]} for i in registration.refused]
 
@@ -36,7 +37,8 @@ def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list
 def _registered(root: Path, pairs: list[dict], splits: list[str], read, cfg: PreprocessConfig,
                 on_error: str) -> tuple[list[dict], list[str], list[float], dict, Rig | None]:
     """The pairs (with their splits and residuals) that stay once the rig is measured, the manifest's `align`
-    section and the rig to apply; with `on_error: fail` a pair the rig cannot lay onto its partner stops everything, before any write."""
+    section and the rig to apply; with `on_error: fail` a pair the rig cannot lay onto its partner stops everything,
+    before anything is written."""
     registration = register(pairs, splits, read, cfg)
     refused = _refusals(root, pairs, registration)
     if refused and on_error == "fail":
@@ -45,7 +47,8 @@ def _registered(root: Path, pairs: list[dict], splits: list[str], read, cfg: Pre
             f"{cfg.align_max_residual} px apart once the camera rig is applied (a wrong partner, or a moved camera; "
             "ingest.on_error: skip leaves them out)" + "".join(
                 f"\n  {r['thermal']} <-> {r['visible']}: {r['residual_px']:.2f} px" for r in refused))
-    keep = [i for i in range(len(pairs)) if i not in set(registration.refused)]
+    refused_rows = set(registration.refused)
+    keep = [i for i in range(len(pairs)) if i not in refused_rows]
     section = {"estimated": registration.estimated.as_dict(),
                "applied": registration.applied.as_dict() if registration.applied else None,
                "max_residual_px": cfg.align_max_residual, "refused": refused}
@@ -130,7 +133,8 @@ def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarra
 
 def raw_pairs(cache_dir: str | Path, split: str):
     """The (thermal, visible) frames of one split as the camera gave them (full size, before crop and resize),
-    for full-frame evaluation, the visible one laid onto the thermal one as the cache's were; fails naming the file if one changed since the cache was built."""
+    for full-frame evaluation, the visible one laid onto the thermal one as the cache's were; fails naming the
+    file if one changed since the cache was built."""
     manifest = load_manifest(cache_dir)
     rig = applied_rig(manifest)
     for source in manifest["sources"]:

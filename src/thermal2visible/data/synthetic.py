@@ -229,7 +229,8 @@ def _visible(face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarra
     pores = gaussian(rng.normal(0, 1, shape), sigma=0.8)[..., None]
     objects = [(name, np.array(colour)) for name, (_, colour) in (("hot_object", HOT_OBJECT),
                                                                   ("cold_object", COLD_OBJECT)) if name in scene]
-    paint = objects + [("hair_back", hair * (0.85 + 0.9 * grain)), ("clothes", np.array(face.clothes) * (1 + 0.12 * pores)),
+    paint = objects + [
+             ("hair_back", hair * (0.85 + 0.9 * grain)), ("clothes", np.array(face.clothes) * (1 + 0.12 * pores)),
              ("neck", skin * 0.92), ("ears", skin * 0.95), ("head", skin * (1 + 0.08 * pores)),
              ("hair_front", hair * (1 + 0.9 * grain)), ("brows", hair * 0.7), ("eyes", np.array([0.92, 0.9, 0.87])),
              ("iris", np.array(face.iris)), ("nostrils", skin * 0.45), ("lips", skin * np.array([0.85, 0.55, 0.55])),
@@ -261,7 +262,8 @@ def render(face: Face, shot: Shot, lighting: Lighting, height: int, width: int |
     scene = _scene(face, shot, height, width)
     offset = None if tuple(parallax) == (0.0, 0.0, 1.0) else _scene(face, shot, height, width, parallax)
     thermal = _thermal(face, shot, scene, np.random.default_rng([shot.noise_seed, 0]))
-    visible = _visible(face, shot, lighting, scene if offset is None else offset, np.random.default_rng([shot.noise_seed, 1]))
+    visible = _visible(face, shot, lighting, scene if offset is None else offset,
+                       np.random.default_rng([shot.noise_seed, 1]))
     return thermal, visible
 
 
