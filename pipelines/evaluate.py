@@ -2,8 +2,18 @@
 
 The generator runs in the test mode it was validated in (train.test_mode, kept in its payload).
 Baselines: the mean visible face of the training split (the best a model that ignores its input can do in MSE),
-and the thermal image itself replicated to the visible channels. Writes metrics/eval.json and
-reports/eval_grid.png (rows thermal | generated | real); the run is tracked in MLflow.
+and the thermal image itself replicated to the visible channels.
+
+Identity: does a generated face still show its person? The recognizer of `train_recognizer` (trained on the real
+visible training faces) scores the generated test faces, beside the real visible test faces (the ceiling) and the
+thermal input shown as a visible image (the floor). When test people also appear in training (split_by random or
+sequence) it names each face: rank-1 accuracy. With split_by identity no test person was ever seen in training,
+so it cannot name them; it tells same-person from different-person pairs instead (cosine similarity of its
+embeddings against the real test faces): verification ROC AUC. Data without identity folders gets neither, and
+eval.json says why.
+
+Writes metrics/eval.json and reports/eval_grid.png (rows thermal | generated | real); the run is tracked in MLflow,
+with the camera registration of preprocess (reports/align.json, reports/align_overlay.png).
 """
 import json
 
@@ -18,15 +28,17 @@ from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.export import run_torch
 from thermal2visible.frames import full_frame_psnr
-from thermal2visible.metrics import image_scores, score_means, to_unit
+from thermal2visible.metrics import image_scores, rank1_accuracy, score_means, to_unit, verification_auc
 from thermal2visible.checkpoints import load_generator
 from thermal2visible.models.generator import as_tested
+from thermal2visible.models.recognizer import load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
 from thermal2visible.tracking.store import log_artifact, start_run, training_run_id
-from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID
+from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, RECOGNIZER
 from thermal2visible.pixels import to_model, unit
 
 GRID_FACES = 8
+FACES = ("generator", "real_visible", "thermal_input")  # what the recognizer is shown: result, ceiling, floor
 
 
 def mean_training_face(visible_channels: int) -> torch.Tensor:
@@ -45,11 +57,14 @@ def as_visible(thermal: torch.Tensor, visible_channels: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def evaluate(generator: torch.nn.Module, test_mode: str, data: PairedDataModule) -> tuple[dict, np.ndarray | None]:
-    """Scores on the test split, the generator run in `test_mode` (models.generator.as_tested) as validation ran it."""
+def evaluate(generator: torch.nn.Module, test_mode: str, data: PairedDataModule) -> tuple[dict, np.ndarray | None,
+                                                                                         dict]:
+    """Scores on the test split, the generator run in `test_mode` (models.generator.as_tested) as validation ran
+    it; also the faces to score identity on (`FACES` and their identity labels)."""
     channels = data.visible_channels
     mean_face = mean_training_face(channels)
     scores = {name: score_means() for name in ("generator", "baseline_mean_image", "baseline_thermal")}
+    faces = {name: [] for name in (*FACES, "identity")}
     grid = None
     for batch in data.test_dataloader():
         batch = model_batch(batch)  # cached integers -> model space
@@ -61,10 +76,36 @@ def evaluate(generator: torch.nn.Module, test_mode: str, data: PairedDataModule)
         for name, prediction in predictions.items():
             for metric, values in image_scores(to_unit(prediction), to_unit(real)).items():
                 scores[name][metric].update(values)
+        for name, images in zip((*FACES, "identity"), (generated, real, predictions["baseline_thermal"],
+                                                        batch["identity"])):
+            faces[name].append(images.float() if name != "identity" else images)
         if grid is None:
             grid = comparison_grid(thermal[:GRID_FACES], generated[:GRID_FACES], real[:GRID_FACES])
-    return {name: {metric: float(value) for metric, value in means.compute().items()}
-            for name, means in scores.items()}, grid
+    return ({name: {metric: float(value) for metric, value in means.compute().items()}
+             for name, means in scores.items()}, grid, {name: torch.cat(parts) for name, parts in faces.items()})
+
+
+@torch.inference_mode()
+def identity_scores(faces: dict, identities: list[str], split_by: str) -> dict:
+    """Rank-1 accuracy (test people seen in training) or verification ROC AUC (split_by identity) of the
+    recognizer on `FACES`; a reason instead where the data holds no identities."""
+    labelled = faces["identity"] >= 0
+    if not identities or not labelled.any():
+        return {"score": None, "why": "no identity labels: the data has no identity folders "
+                                      "(ROOT/thermal/PERSON/name), so no face can be checked for its person"}
+    recognizer, _ = load_recognizer(RECOGNIZER, identities)
+    labels = faces["identity"][labelled]
+    shown = {name: faces[name][labelled] for name in FACES}
+    if split_by == "identity":
+        gallery = recognizer.embed(shown["real_visible"])
+        values = {name: verification_auc(recognizer.embed(images), gallery, labels) for name, images in shown.items()}
+        score, why = "verification_auc", ("split_by identity: no test person was seen in training, so same/different "
+                                          "person pairs against the real test faces (ROC AUC, 0.5 = chance)")
+    else:
+        values = {name: rank1_accuracy(recognizer(images), labels) for name, images in shown.items()}
+        score, why = "rank1_accuracy", (f"split_by {split_by}: test people also appear in training, so the "
+                                        f"recognizer names each test face ({1 / len(identities):.3f} = chance)")
+    return {"score": score, "why": why, "faces": int(labelled.sum()), **values}
 
 
 def main(params: Params) -> None:
@@ -78,7 +119,7 @@ def main(params: Params) -> None:
     data.setup("test")
     if data.manifest["counts"]["test"] == 0:
         raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
-    results, grid = evaluate(generator, payload["test_mode"], data)
+    results, grid, faces = evaluate(generator, payload["test_mode"], data)
     def generate(batch: np.ndarray) -> np.ndarray:
         with as_tested(generator, payload["test_mode"]):
             return run_torch(generator, batch)
@@ -86,7 +127,8 @@ def main(params: Params) -> None:
     # the same frames at full size, in register, through the code that serves them (frames.translate_frame)
     results["generator"]["psnr_full_frame"] = full_frame_psnr(generate, preprocess_config(payload["preprocess"]),
                                                               raw_pairs(CACHE, "test"))
-    report = {"test_images": data.manifest["counts"]["test"], **results}
+    identity = identity_scores(faces, data.identities, data.manifest["preprocess"]["split_by"])
+    report = {"test_images": data.manifest["counts"]["test"], **results, "identity": identity}
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)
     EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")
     save_grid(grid, EVAL_GRID)
@@ -95,13 +137,27 @@ def main(params: Params) -> None:
         "fingerprint": str(payload.get("fingerprint")), "train_run_id": str(training_run_id(payload.get("fingerprint")))})
     logger.log_metrics({f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
                         for name, values in results.items() for metric, value in values.items()})
+    if identity["score"]:
+        logger.log_metrics({f"identity_{identity['score']}_{name}": identity[name] for name in FACES
+                            if identity[name] is not None})
     for path in (EVAL_METRICS, EVAL_GRID):
         log_artifact(logger, path)
+    for path in (ALIGN_REPORT, ALIGN_OVERLAY):  # absent beside a cache made by hand, outside the preprocess stage
+        if path.is_file():
+            log_artifact(logger, path)
     logger.finalize("success")
     ours, mean_face, thermal = (results[name]["psnr"] for name in ("generator", "baseline_mean_image",
                                                                      "baseline_thermal"))
     print(f"evaluate: test PSNR {ours:.2f} dB (mean-image baseline {mean_face:.2f}, thermal baseline "
-          f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; {EVAL_METRICS}, {EVAL_GRID}")
+          f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; identity {identity_summary(identity)}; "
+          f"{EVAL_METRICS}, {EVAL_GRID}")
+
+
+def identity_summary(identity: dict) -> str:
+    if not identity["score"]:
+        return "not scored (no identity labels)"
+    return f"{identity['score']} " + ", ".join(f"{name} {identity[name]}" if identity[name] is None
+                                               else f"{name} {identity[name]:.3f}" for name in FACES)
 
 
 if __name__ == "__main__":

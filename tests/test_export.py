@@ -20,6 +20,7 @@ from thermal2visible.config import load_params
 from thermal2visible.export import cache_to_model_input, check_parity, export_generator, run_onnx, run_torch
 from thermal2visible.checkpoints import load_generator
 from thermal2visible.serving import onnx_metadata, onnx_session
+from thermal2visible.tracking.store import data_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = ROOT / "pipelines" / "export.py"
@@ -65,7 +66,7 @@ def test_metadata_carries_what_serving_needs(project, exported):
     assert metadata["image_size"] == payload["model"]["image_size"]
     assert metadata["in_channels"] == payload["model"]["in_channels"]
     assert metadata["preprocess"] == payload["preprocess"]
-    assert (metadata["fingerprint"], metadata["data_hash"]) == ("fingerprint-0", "md5-of-tiny-cache")
+    assert (metadata["fingerprint"], metadata["data_hash"]) == ("fingerprint-0", data_hash(project / "data" / "cache"))
 
 
 def test_dynamic_batch_matches_torch_on_real_images(project, exported, test_images):

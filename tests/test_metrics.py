@@ -1,10 +1,10 @@
-"""PSNR / SSIM / MSE equal scikit-image's on the same images, per image and averaged over a split."""
+"""PSNR / SSIM / MSE equal scikit-image's on the same images, per image and averaged over a split; identity scores."""
 import numpy as np
 import pytest
 import torch
 from skimage.metrics import mean_squared_error, peak_signal_noise_ratio, structural_similarity
 
-from thermal2visible.metrics import image_scores, score_means, to_unit
+from thermal2visible.metrics import image_scores, rank1_accuracy, score_means, to_unit, verification_auc
 
 
 def skimage_scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
@@ -59,3 +59,12 @@ def test_identical_images_score_perfectly_except_infinite_psnr():
 def test_to_unit_maps_model_space_to_image_space():
     images = torch.tensor([-1.0, 0.0, 1.0, 1.5], dtype=torch.bfloat16)
     assert to_unit(images).tolist() == [0.0, 0.5, 1.0, 1.0] and to_unit(images).dtype == torch.float32
+
+
+def test_rank1_accuracy_and_verification_auc():
+    labels = torch.tensor([0, 0, 1, 1])
+    assert rank1_accuracy(torch.tensor([[2.0, 1], [0, 1], [0, 3], [0, 1]]), labels) == 0.75
+    people = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])  # two people, two faces each
+    assert verification_auc(people, people, labels) == 1.0
+    assert verification_auc(people.flip(0), people, labels) == 0.0  # every probe closest to the other person
+    assert verification_auc(people, people, torch.tensor([0, 0, 0, 0])) is None  # no different-person pair

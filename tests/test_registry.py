@@ -59,37 +59,71 @@ def test_gate(psnr, parity, champion, expected):
     assert gate(psnr, parity, champion) == expected
 
 
-def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, score=None, data_hash="md5-of-tiny-cache"):
+def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, frames=None, data_hash="md5-of-tiny-cache"):
     """A new version of `name`, made by a (real, empty) training run of its own."""
     mlflow.set_experiment("registry-tests")
     with mlflow.start_run(run_name="train") as training:
         pass
     return register(onnx_model, name=name, experiment="registry-tests", test_psnr=psnr, parity_passed=parity,
                     metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000, max_model_pixels=1_048_576,
-                    score=score,
+                    training_manifest=None, frames=frames,
                     lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None})
+
+
+class Frames:
+    """Test frames a, b, c; each version's PSNR on them and which of them each version trained on (the gate's
+    inputs; the real scoring through served models is test_register_stage's)."""
+
+    def __init__(self, psnr: dict[str, float], trained_on: dict[str, frozenset[str] | None]):
+        self.psnr, self.seen, self.scored = psnr, trained_on, []
+
+    def score(self, model_uri: str, leave_out: frozenset[str] = frozenset()) -> tuple[float, int]:
+        kept = [frame for frame in "abc" if frame not in leave_out]
+        self.scored.append((model_uri, "".join(kept)))
+        return self.psnr[model_uri.rsplit("/", 1)[1]], len(kept)
+
+    def trained_on(self, model_uri: str) -> frozenset[str] | None:
+        return self.seen[model_uri.rsplit("/", 1)[1]]
 
 
 def test_gate_scores_the_champion_on_the_new_test_set(client, onnx_model):
     """A stored PSNR measured on other images decides nothing: both models are scored on the same frames."""
-    add(onnx_model, "fair", 30.0, data_hash="md5-of-old-data")
-    on_new_frames = {"1": 18.0, "2": 19.0, "3": 17.0}  # version -> PSNR on the new test frames
-    scored = []
-
-    def score(uri: str) -> float:
-        scored.append(uri)
-        return on_new_frames[uri.rsplit("/", 1)[1]]
-
-    better = add(onnx_model, "fair", 25.0, score=score)  # lower stored PSNR, better on the same frames
-    assert better.alias == CHAMPION and scored == ["models:/fair/2", "models:/fair/1"]
+    add(onnx_model, "fair", 30.0)
+    frames = Frames({"1": 18.0, "2": 19.0, "3": 17.0}, {})  # version -> PSNR on the new test frames
+    better = add(onnx_model, "fair", 25.0, frames=frames)  # lower stored PSNR, better on the same frames
+    assert better.alias == CHAMPION and frames.scored == [("models:/fair/2", "abc"), ("models:/fair/1", "abc")]
     assert better.gate == {"basis": "same test set, same code", "champion_version": 1, "new_psnr": 19.0,
-                           "champion_psnr": 18.0, "data_hash_differs": True}
+                           "champion_psnr": 18.0, "frames": 3, "data_hash_differs": False}
     tags = client.get_model_version("fair", "2").tags
-    assert (tags["gate_new_psnr"], tags["gate_champion_psnr"], tags["gate_data_hash_differs"]) == ("19.0", "18.0",
-                                                                                                  "true")
-    worse = add(onnx_model, "fair", 40.0, score=score)  # higher stored PSNR, worse on the same frames
+    assert (tags["gate_new_psnr"], tags["gate_champion_psnr"], tags["gate_frames"]) == ("19.0", "18.0", "3")
+    worse = add(onnx_model, "fair", 40.0, frames=frames)  # higher stored PSNR, worse on the same frames
     assert worse.alias == CHALLENGER and worse.gate["data_hash_differs"] is False
     assert aliases(client, "fair") == {CHAMPION: 2, CHALLENGER: 3}
+
+
+def test_on_other_data_the_gate_leaves_out_the_frames_the_champion_trained_on(client, onnx_model):
+    """New data may hold the champion's own training frames: scored on them it would look better than it is."""
+    add(onnx_model, "moved", 20.0, data_hash="md5-of-old-data")
+    frames = Frames({"1": 30.0, "2": 19.0, "3": 25.0, "4": 40.0}, {"1": frozenset("a"), "2": frozenset("abc")})
+    better = add(onnx_model, "moved", 21.0, frames=frames)
+    assert frames.scored == [("models:/moved/2", "bc"), ("models:/moved/1", "bc")]  # frame a left out for both
+    assert better.alias == CHALLENGER and better.gate == {
+        "basis": "the new test frames the champion never trained on, same code", "champion_version": 1,
+        "new_psnr": 19.0, "champion_psnr": 30.0, "frames": 2, "data_hash_differs": True}
+    promote(client, "moved", 2)
+    # Version 2 trained on every new test frame: nothing left to compare on, so it stays champion, and says why.
+    unseen = add(onnx_model, "moved", 50.0, frames=frames, data_hash="md5-of-newer-data")
+    assert unseen.alias == CHALLENGER and unseen.gate["basis"].startswith("not compared: the champion trained on "
+                                                                        "every new test frame")
+    assert client.get_model_version("moved", "3").tags["gate_basis"] == unseen.gate["basis"]
+    promote(client, "moved", 3)
+    # Version 3 was registered without its training manifest: which frames it saw is unknown.
+    unknown = add(onnx_model, "moved", 50.0, frames=Frames({"3": 1.0, "4": 40.0}, {"3": None}), data_hash="other")
+    assert unknown.alias == CHALLENGER and "does not record which frames" in unknown.gate["basis"]
+
+
+def promote(client: MlflowClient, name: str, version: int) -> None:
+    client.set_registered_model_alias(name, CHAMPION, str(version))
 
 
 def aliases(client: MlflowClient, name: str) -> dict[str, int]:
@@ -142,7 +176,7 @@ def run_register_stage(project: Path, tracking_uri: str, psnr: float) -> subproc
         env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
 
 
-def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path):
+def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path, write_params):
     (tmp_path / "models").mkdir()
     (tmp_path / "metrics").mkdir()
     shutil.copytree(tiny_cache, tmp_path / "data" / "cache")
@@ -165,16 +199,32 @@ def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path):
     assert gate["new_psnr"] == gate["champion_psnr"] > 5 and gate["data_hash_differs"] is False
     assert "full-frame test PSNR" in second.stdout
 
-    relabelled = onnx.load(tmp_path / "models" / "generator.onnx")  # as if trained on other data
-    onnx.helper.set_model_props(relabelled, {p.key: p.value for p in relabelled.metadata_props}
-                                | {"data_hash": json.dumps("md5-of-other-data")})
-    onnx.save_model(relabelled, tmp_path / "models" / "generator.onnx")
+    # A model trained on a new split of the same pictures: some of its test frames are the champion's training ones.
+    resplit = resplit_cache(tiny_cache, tmp_path / "resplit", write_params)
+    shutil.rmtree(tmp_path / "data" / "cache")
+    shutil.copytree(resplit, tmp_path / "data" / "cache")
+    shutil.copy(export_tiny(tmp_path / "resplit_model", resplit), tmp_path / "models" / "generator.onnx")
     third = run_register_stage(tmp_path, tracking_uri, 21.0)
     assert third.returncode == 0, third.stderr
-    assert json.loads((tmp_path / "metrics" / "register.json").read_text())["gate"]["data_hash_differs"] is True
-    assert "the champion was trained on other data" in third.stdout
+    old, new = (json.loads((cache / "manifest.json").read_text())["sources"] for cache in (tiny_cache, resplit))
+    seen = {digest for source in old if source["split"] != "test" for digest in source["sha256"].values()}
+    unseen = [source for source in new if source["split"] == "test" and not set(source["sha256"].values()) & seen]
+    assert 0 < len(unseen) < sum(source["split"] == "test" for source in new)  # the case this test is about
+    gate = json.loads((tmp_path / "metrics" / "register.json").read_text())["gate"]
+    assert gate["data_hash_differs"] is True and gate["frames"] == len(unseen)
+    assert gate["basis"] == "the new test frames the champion never trained on, same code"
+    assert f"on {len(unseen)} frames" in third.stdout
     tags = MlflowClient(tracking_uri).get_model_version("staged", "3").tags
     assert tags["gate_data_hash_differs"] == "true" and tags["gate_champion_version"] == "2"
+
+
+def resplit_cache(tiny_cache: Path, folder: Path, write_params) -> Path:
+    """The tiny pictures through ingest and preprocess again, split with another seed."""
+    folder.mkdir()
+    params = load_params(write_params(folder, "preprocess.seed=7"))
+    index, _ = ingest(tiny_cache.parent / "raw", "pairs", params.ingest)
+    build_cache(index, params.preprocess, params.ingest.max_pixels, folder / "cache")
+    return folder / "cache"
 
 
 def test_register_stage_needs_evaluation(tracking_uri, onnx_model, tmp_path):
@@ -204,7 +254,8 @@ def cache_of_kind(folder: Path, kind: str, write_params) -> Path:
             path = folder / "raw" / side / f"person_{seed % 3}" / f"{seed}{suffix if side == 'thermal' else '.png'}"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(save(image))
-    params = load_params(write_params(folder, f"preprocess.thermal_norm={norm}"))
+    # random pictures share no outline for the camera registration to lay onto each other: align off
+    params = load_params(write_params(folder, f"preprocess.thermal_norm={norm}", "preprocess.align=false"))
     index, _ = ingest(folder / "raw", "pairs", params.ingest)
     build_cache(index, params.preprocess, params.ingest.max_pixels, folder / "cache")
     return folder / "cache"

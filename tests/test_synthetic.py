@@ -75,3 +75,23 @@ def test_the_face_is_warm_the_nose_and_glasses_are_cold():
     rows = np.nonzero(colder.any(axis=1))[0]
     assert colder.sum() > 10 and rows.max() < 32                         # lenses opaque to heat, over the eyes
     assert ((glasses - bare) < 0.5).all()                                # glasses warm nothing up
+
+
+def test_camera_scene_writes_wide_frames_in_sequences(tmp_path):
+    camera = dataclasses.replace(SMALL, identities=1, images_per_identity=4, scene="camera", aspect=1.25,
+                                 sequence_length=2)
+    assert synthesize(camera, tmp_path) == 4
+    assert sorted(file_bytes(tmp_path / "thermal")) == [f"person_00/seq{s}_{f:03d}.png" for s in range(2)
+                                                        for f in range(2)]
+    thermal = imread(tmp_path / "thermal/person_00/seq0_000.png") / 100 - 273.15
+    assert thermal.shape == (32, 40) and imread(tmp_path / "visible/person_00/seq0_000.png").shape == (32, 40, 3)
+    assert thermal.max() > 45 and thermal.min() < 10  # the radiator and the window, beside a ~35 °C face
+
+
+def test_parallax_moves_only_the_visible_camera():
+    face, (scene, light) = random_face(np.random.default_rng(0)), shot()
+    thermal, visible = render(face, scene, light, 64)
+    thermal_offset, visible_offset = render(face, scene, light, 64, parallax=(4.0, 0.0, 1.0))
+    np.testing.assert_array_equal(thermal, thermal_offset)
+    differences = [np.abs(visible_offset[:, 8:-8].astype(int) - visible[:, 8 - k:56 - k]).mean() for k in range(9)]
+    assert int(np.argmin(differences)) == 4  # the visible picture moved 4 px to the right

@@ -46,10 +46,14 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     assert len(rows) == summary["epochs_run"] and rows[3]["psnr_smoothed"] == "" and rows[4]["psnr_smoothed"]
     assert (project / "reports" / "psnr_curve.png").stat().st_size > 10_000
 
+    assert run("train_recognizer.py", project).returncode == 0
     evaluated = run("evaluate.py", project)
     assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
     scores = json.loads((project / "metrics" / "eval.json").read_text())
     assert scores["generator"]["psnr"] > scores["baseline_mean_image"]["psnr"] > scores["baseline_thermal"]["psnr"]
+    identity = scores["identity"]  # the tiny set splits at random: test people were seen in training
+    assert identity["score"] == "rank1_accuracy" and identity["faces"] == scores["test_images"]
+    assert all(0 <= identity[name] <= 1 for name in ("generator", "real_visible", "thermal_input"))
     assert (project / "reports" / "eval_grid.png").is_file()
 
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
@@ -65,6 +69,7 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
         range(1, summary["epochs_run"] + 1))  # one point per epoch, stepped by epoch
     assert {a.path for a in client.list_artifacts(train_run.info.run_id)} >= {"generator.pt", "psnr_curve.png"}
     assert runs["evaluate"].data.metrics["test_psnr"] == pytest.approx(scores["generator"]["psnr"])
+    assert runs["evaluate"].data.metrics["identity_rank1_accuracy_generator"] == pytest.approx(identity["generator"])
 
 
 def test_identity_loss_without_identities_or_recognizer_fails_clearly(project, write_params):

@@ -14,6 +14,7 @@ import torch
 from thermal2visible.export import cache_to_model_input, export_generator
 from thermal2visible.checkpoints import load_generator, save_generator
 from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.tracking.store import data_hash
 
 
 def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8) -> Path:
@@ -26,7 +27,7 @@ def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8) ->
         for batch in np.array_split(cache_to_model_input(np.load(cache / "train_thermal.npy")), 2):
             generator(torch.from_numpy(batch))
     save_generator(generator, path, test_mode="eval", preprocess=manifest["preprocess"], epoch=0, psnr_smoothed=0.0,
-                   psnr=0.0, fingerprint=f"fingerprint-{seed}", data_hash="md5-of-tiny-cache")
+                   psnr=0.0, fingerprint=f"fingerprint-{seed}", data_hash=data_hash(cache))
     return path
 
 

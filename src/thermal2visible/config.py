@@ -28,6 +28,10 @@ class SynthesizeConfig:
     images_per_identity: int = 16
     resolution: int = 96
     seed: int = 2022
+    scene: Literal["portrait", "camera"] = "portrait"
+    aspect: float = 1.0
+    parallax: tuple[float, float, float] = (0.0, 0.0, 1.0)
+    sequence_length: int = 1
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class PreprocessConfig:
     test_fraction: float = 0.15
     seed: int = 0
     jitter_scale: float = 1.1171875
+    align: bool = True
+    align_max_residual: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -236,6 +242,15 @@ def _check(params: Params) -> None:
     if params.serve.max_model_pixels < size * size:
         raise ConfigError(f"serve.max_model_pixels: {params.serve.max_model_pixels} is less than one "
                           f"{size}x{size} training square (preprocess.image_size): every frame would be refused")
+    z = params.synthesize
+    if z.aspect < 1 or z.sequence_length < 1 or z.parallax[2] <= 0:
+        raise ConfigError(f"synthesize.aspect ({z.aspect}) must be >= 1, synthesize.sequence_length "
+                          f"({z.sequence_length}) >= 1 and synthesize.parallax's scale ({z.parallax[2]}) > 0")
+    if z.scene == "portrait" and (z.aspect != 1 or z.sequence_length != 1):
+        raise ConfigError("synthesize.scene: portrait frames are square single shots (aspect 1, sequence_length 1); "
+                          "wide frames in sequences are synthesize.scene: camera")
+    if p.align_max_residual <= 0:
+        raise ConfigError(f"preprocess.align_max_residual: {p.align_max_residual} must be > 0 (pixels)")
     if p.jitter_scale < 1:
         raise ConfigError(f"preprocess.jitter_scale: {p.jitter_scale} must be >= 1 (resize up, then crop back)")
 

@@ -1,4 +1,5 @@
-"""Image quality of generated faces against the real ones: PSNR (the paper's stopping metric), SSIM, MSE.
+"""Image quality of generated faces against the real ones: PSNR (the paper's stopping metric), SSIM, MSE; and
+whether they still show the right person (rank-1 accuracy, verification ROC AUC).
 
 Every score is per image on [0,1] images, then averaged over images, and equals scikit-image's
 peak_signal_noise_ratio / structural_similarity (Wang et al.: gaussian window sigma 1.5, population covariance)
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics.functional.classification import binary_auroc
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
 from thermal2visible.pixels import from_model
@@ -49,3 +51,21 @@ def image_scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Te
 def score_means(prefix: str = "") -> MetricCollection:
     """Running means of `image_scores` over a whole split; synchronised across processes under DDP."""
     return MetricCollection({name: MeanMetric() for name in ("psnr", "ssim", "mse")}, prefix=prefix)
+
+
+def rank1_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Share of faces whose most likely identity is their own."""
+    return float((logits.argmax(dim=1) == labels).float().mean())
+
+
+def verification_auc(probes: torch.Tensor, gallery: torch.Tensor, labels: torch.Tensor) -> float | None:
+    """ROC AUC of telling same-person from different-person pairs by cosine similarity of embeddings: probe i
+    against gallery face j for every i != j (the gallery face of a probe's own frame is left out). None when the
+    faces hold a single person (no different-person pair) or one face per person (no same-person pair)."""
+    similarity = torch.nn.functional.normalize(probes, dim=1) @ torch.nn.functional.normalize(gallery, dim=1).T
+    same = labels[:, None] == labels[None, :]
+    others = ~torch.eye(len(labels), dtype=torch.bool)
+    targets = same[others]
+    if targets.all() or not targets.any():
+        return None
+    return float(binary_auroc(similarity[others], targets.long()))

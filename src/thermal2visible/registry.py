@@ -1,19 +1,21 @@
 """Each exported model becomes a new version of one registered model; a gate decides who is `champion`.
 
 The gate compares like with like: before `champion` moves, the current champion is scored on the *new* version's
-test frames by the same code (`score`, full-frame PSNR in register.py), beside the new version itself, and the
-new version wins when its ONNX export passed the parity check and it scores at least as well. Both numbers, the
-champion's version and whether the two were trained on different data (their `data_hash` tags differ) go on the
-new version as tags. Without a `score` (no test frames at hand) the stored `test_psnr` tags are compared, and the
-version's `gate_basis` tag says so. A version that loses is the `challenger`. Versions are never overwritten,
+test frames by the same code (`TestFrames`, full-frame PSNR in register.py), beside the new version itself, and
+the new version wins when its ONNX export passed the parity check and it scores at least as well. When the two
+were trained on different data (their `data_hash` tags differ) only the test frames the champion never trained on
+count (see `_compare`). Both numbers, the frames they were taken on, the champion's version and whether the data
+differed go on the new version as tags. Without test frames at hand the stored `test_psnr` tags are compared,
+and the version's `gate_basis` tag says so. A version that loses is the `challenger`. Versions are never overwritten,
 so a rejected model stays inspectable and servable. A model that fails on its own input example (a frame of the
 kind it was trained on) is never registered: MLflow itself only logs a warning.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 import mlflow
 import pandas as pd
@@ -28,6 +30,11 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 PSNR_TAG = "test_psnr"
 SAME_TEST_SET = "same test set, same code"
+UNSEEN_TEST_FRAMES = "the new test frames the champion never trained on, same code"
+NO_UNSEEN_FRAMES = ("not compared: the champion trained on every new test frame (other data); it stays champion, "
+                    "promote by hand if this version is better")
+CHAMPION_FRAMES_UNKNOWN = ("not compared: the champion was trained on other data and does not record which frames "
+                           "(registered before that was packed with it); it stays champion, promote by hand")
 STORED_TAGS = "stored test_psnr tags (test sets may differ)"
 
 
@@ -63,20 +70,44 @@ def gate(test_psnr: float, parity_passed: bool, current_champion_psnr: float | N
     return CHAMPION if parity_passed and beats_champion else CHALLENGER
 
 
+class TestFrames(Protocol):
+    """The new version's test frames, as the gate scores models on them (pipelines/register.py)."""
+
+    def score(self, model_uri: str, leave_out: frozenset[str] = frozenset()) -> tuple[float, int]:
+        """(PSNR, frames scored) of a registered model on the test frames whose files are not in `leave_out`."""
+
+    def trained_on(self, model_uri: str) -> frozenset[str] | None:
+        """The file hashes a registered model trained and validated on; None where it does not record them."""
+
+
 def _compare(client: MlflowClient, name: str, version: str, test_psnr: float, data_hash: str | None,
-             score: Callable[[str], float] | None) -> tuple[float | None, dict[str, object]]:
-    """(champion's score to beat, the gate record) for the new `version` of `name`."""
+             frames: TestFrames | None) -> tuple[float | None, dict[str, object]]:
+    """(champion's score to beat, the gate record) for the new `version` of `name`.
+
+    Same data: both are scored on all the new test frames. Other data: those frames may be ones the champion
+    trained on, which would flatter it, so both are scored only on the frames it never saw (its packed training
+    manifest says which); where none are left, or the champion does not say what it trained on, they are not
+    compared and the champion stays (score to beat: infinity), the record saying why."""
     aliases = client.get_registered_model(name).aliases
     if CHAMPION not in aliases:
         return None, {"basis": "no champion yet"}
     champion = client.get_model_version(name, aliases[CHAMPION])
-    record: dict[str, object] = {"champion_version": int(champion.version),
-                                 "data_hash_differs": champion.tags.get("data_hash") != data_hash}
-    if score is None:
+    differs = champion.tags.get("data_hash") != data_hash
+    record: dict[str, object] = {"champion_version": int(champion.version), "data_hash_differs": differs}
+    if frames is None:
         before = float(champion.tags.get(PSNR_TAG, "-inf"))
         return before, record | {"basis": STORED_TAGS, "new_psnr": test_psnr, "champion_psnr": before}
-    new, old = score(f"models:/{name}/{version}"), score(f"models:/{name}/{champion.version}")
-    return old, record | {"basis": SAME_TEST_SET, "new_psnr": new, "champion_psnr": old}
+    new_uri, champion_uri = f"models:/{name}/{version}", f"models:/{name}/{champion.version}"
+    if not differs:
+        (new, count), (old, _) = frames.score(new_uri), frames.score(champion_uri)
+        return old, record | {"basis": SAME_TEST_SET, "new_psnr": new, "champion_psnr": old, "frames": count}
+    seen = frames.trained_on(champion_uri)
+    if seen is None:
+        return math.inf, record | {"basis": CHAMPION_FRAMES_UNKNOWN}
+    (new, count), (old, _) = frames.score(new_uri, seen), frames.score(champion_uri, seen)
+    if count == 0:
+        return math.inf, record | {"basis": NO_UNSEEN_FRAMES}
+    return old, record | {"basis": UNSEEN_TEST_FRAMES, "new_psnr": new, "champion_psnr": old, "frames": count}
 
 
 def check_example_predicts(model_uri: str, example: pd.DataFrame, onnx_path: str | Path) -> None:
@@ -91,12 +122,13 @@ def check_example_predicts(model_uri: str, example: pd.DataFrame, onnx_path: str
 
 def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: float, parity_passed: bool,
              metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int, max_model_pixels: int,
-             score: Callable[[str], float] | None = None) -> Registered:
+             training_manifest: str | Path | None, frames: TestFrames | None = None) -> Registered:
     """Log the .onnx as a pyfunc in a `register` run, add it as a new version of `name`, gate it, set its alias.
 
     `metrics` go on the run; `lineage` (training run id, data hash, ...; None values skipped), the test PSNR, the
-    parity result and the gate record go on the version as tags. `score(model_uri) -> PSNR` scores a registered
-    version on the new version's test frames; the champion's and the new version's scores decide the gate.
+    parity result and the gate record go on the version as tags. `training_manifest` (the cache manifest the model
+    trained on) is packed with it; `frames` scores registered versions on the new version's test frames, and the
+    champion's and the new version's scores decide the gate.
     """
     client = MlflowClient()
     tags = {key: str(value) for key, value in lineage.items() if value is not None}
@@ -105,7 +137,7 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     with mlflow.start_run(run_name="register") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
-        arguments = pyfunc_arguments(onnx_path, max_pixels, max_model_pixels)
+        arguments = pyfunc_arguments(onnx_path, max_pixels, max_model_pixels, training_manifest)
         logged = mlflow.pyfunc.log_model(name="model", **arguments)
         check_example_predicts(logged.model_uri, arguments["input_example"], onnx_path)
     ensure_registered_model(client, name)
@@ -114,7 +146,7 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     version = client.create_model_version(name, logged.model_uri, run_id=lineage.get("training_run_id") or
                                           run.info.run_id, tags=tags, model_id=logged.model_id)
     before = champion_psnr(client, name)
-    to_beat, record = _compare(client, name, version.version, test_psnr, lineage.get("data_hash"), score)
+    to_beat, record = _compare(client, name, version.version, test_psnr, lineage.get("data_hash"), frames)
     alias = gate(record.get("new_psnr", test_psnr), parity_passed, to_beat)
     for key, value in record.items():
         client.set_model_version_tag(name, version.version, f"gate_{key}", str(value).lower()

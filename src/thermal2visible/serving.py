@@ -47,6 +47,7 @@ from thermal2visible.frames import model_size, translate_frame
 from thermal2visible.pixels import quantise
 
 IMAGE = "image"
+TRAINING_MANIFEST = "training_manifest"  # the pyfunc artifact holding the cache manifest a version trained on
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
 EXAMPLE_SIDE = 32
 # What the pyfunc imports when it runs (the package itself travels with the model as code_paths).
@@ -125,6 +126,7 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
+        self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # None: packed before it was recorded
         metadata = onnx_metadata(self.session)
         self.preprocess = preprocess_config(metadata["preprocess"])
         self.in_channels = metadata["in_channels"]
@@ -232,14 +234,17 @@ def example_request(kind: ThermalKind) -> pd.DataFrame:
     return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(kind)))]})
 
 
-def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int) -> dict[str, object]:
+def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int,
+                     training_manifest: str | Path | None = None) -> dict[str, object]:
     """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc.
 
     The package source goes along as `code_paths`, so a registered version keeps the preprocessing it was
-    trained with even after the code here moves on, and serves where the project is not installed.
+    trained with even after the code here moves on, and serves where the project is not installed. A registered
+    version also carries the cache manifest it was trained on (`training_manifest`): which frames it learnt from.
     """
     kind = thermal_kind(onnx_metadata(onnx_session(onnx_path)), str(onnx_path))
-    return dict(python_model=ThermalToVisible(), artifacts={"onnx": str(onnx_path)},
+    artifacts = {"onnx": str(onnx_path)} | ({TRAINING_MANIFEST: str(training_manifest)} if training_manifest else {})
+    return dict(python_model=ThermalToVisible(), artifacts=artifacts,
                 code_paths=[str(Path(__file__).parent)],
                 model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
                 signature=SIGNATURE, metadata=image_formats(kind), input_example=example_request(kind),

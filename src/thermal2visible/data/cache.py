@@ -15,8 +15,10 @@ from tqdm import tqdm
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
+from thermal2visible.data.align import Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair
-from thermal2visible.data.preprocess import assign_splits, prepare_thermal, prepare_visible, sequence_of
+from thermal2visible.data.preprocess import (assign_splits, check_thermal_kind, prepare_thermal, prepare_visible,
+                                             sequence_of)
 from thermal2visible.pixels import quantise
 
 MANIFEST = "manifest.json"
@@ -28,11 +30,56 @@ def jitter_side(cfg: PreprocessConfig) -> int:
     return round(cfg.image_size * cfg.jitter_scale)
 
 
-def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path) -> dict:
-    """Preprocess every pair of an ingest index into `out_dir`; returns the manifest it wrote."""
+def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list[dict]:
+    """The pairs the rig cannot align, by file and residual, as reports/align.json and the error name them."""
+    return [{"thermal": (root / pairs[i]["thermal"]).as_posix(), "visible": (root / pairs[i]["visible"]).as_posix(),
+             "residual_px": registration.residuals[i]} for i in registration.refused]
+
+
+def _registered(root: Path, pairs: list[dict], splits: list[str], read, cfg: PreprocessConfig,
+                on_error: str) -> tuple[list[dict], list[str], list[float], dict, Rig | None]:
+    """The pairs (with their splits and residuals) that stay once the rig is measured, the manifest's `align`
+    section and the rig to apply; with `on_error: fail` a pair the rig cannot lay onto its partner stops everything,
+    before anything is written."""
+    registration = register(pairs, splits, read, cfg)
+    refused = _refusals(root, pairs, registration)
+    if refused and on_error == "fail":
+        raise PipelineError(
+            f"preprocess.align: {len(refused)} pair(s) still lie more than preprocess.align_max_residual "
+            f"{cfg.align_max_residual} px apart once the camera rig is applied (a wrong partner, or a moved camera; "
+            "ingest.on_error: skip leaves them out)" + "".join(
+                f"\n  {r['thermal']} <-> {r['visible']}: {r['residual_px']:.2f} px" for r in refused))
+    refused_rows = set(registration.refused)
+    keep = [i for i in range(len(pairs)) if i not in refused_rows]
+    section = {"estimated": registration.estimated.as_dict(),
+               "applied": registration.applied.as_dict() if registration.applied else None,
+               "max_residual_px": cfg.align_max_residual, "refused": refused}
+    return ([pairs[i] for i in keep], [splits[i] for i in keep], [registration.residuals[i] for i in keep], section,
+            registration.applied)
+
+
+def applied_rig(manifest: dict) -> Rig | None:
+    """The rig transform the cache's visible frames were aligned with (None: left as they were)."""
+    applied = manifest.get("align", {}).get("applied")
+    return Rig.from_dict(applied) if applied else None
+
+
+def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path, on_error: str = "fail") -> dict:
+    """Preprocess every pair of an ingest index into `out_dir`; returns the manifest it wrote. The camera rig is
+    measured first (`align.register`); `on_error` (ingest.on_error) decides what a pair it cannot align does."""
     root, layout, pairs = Path(index["root"]), index["layout"], index["pairs"]
     splits = assign_splits([p["identity"] for p in pairs], [p["split"] for p in pairs], cfg,
                            [sequence_of(p["thermal"]) for p in pairs])
+
+    def read(pair: dict):
+        """The decoded pair; a thermal frame whose kind does not fit the normalisation fails naming its file."""
+        thermal, visible = read_pair(root, pair, layout, max_pixels)
+        try:
+            check_thermal_kind(thermal, cfg)
+        except PipelineError as error:
+            raise PipelineError(f"{root / pair['thermal']}: {error}") from None
+        return thermal, visible
+    pairs, splits, residuals, alignment, rig = _registered(root, pairs, splits, read, cfg, on_error)
     identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
     label = {name: position for position, name in enumerate(identities)}
     size, channels = cfg.image_size, (index["thermal_channels"], index["visible_channels"])
@@ -43,32 +90,29 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
     sources, counts, thermal_dtypes = [], {}, Counter()
     with tqdm(total=len(pairs), desc="preprocess", unit="pair") as progress:
         for split in SPLITS:
-            members = [p for p, s in zip(pairs, splits) if s == split]
+            members = [(p, r) for p, s, r in zip(pairs, splits, residuals) if s == split]
             counts[split] = len(members)
             outputs = {split: cfg} | ({JITTER: jitter} if split == "train" else {})
             arrays = {name: [np.lib.format.open_memmap(out_dir / f"{name}_{kind}.npy", "w+", dtype,
                                                        (len(members), config.image_size, config.image_size, c))
                              for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels)]
                       for name, config in outputs.items()}
-            for row, pair in enumerate(members):
-                raw_thermal, raw_visible = read_pair(root, pair, layout, max_pixels)
+            for row, (pair, residual) in enumerate(members):
+                raw_thermal, raw_visible = aligned(read(pair), rig)
                 thermal_dtypes[raw_thermal.dtype.name] += 1
                 for name, config in outputs.items():
                     thermal, visible = arrays[name]
-                    try:
-                        thermal[row] = quantise(prepare_thermal(raw_thermal, config), np.uint16)
-                    except PipelineError as error:
-                        raise PipelineError(f"{root / pair['thermal']}: {error}") from None
+                    thermal[row] = quantise(prepare_thermal(raw_thermal, config), np.uint16)
                     visible[row] = quantise(prepare_visible(raw_visible, raw_thermal, config), np.uint8)
                 sources.append({key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
-                               | {"split": split})
+                               | {"split": split, "residual_px": round(residual, 3)})
                 progress.update()
             for thermal, visible in arrays.values():
                 thermal.flush()
                 visible.flush()
             del thermal, visible
             arrays.clear()  # close the memory maps before the next split opens its own
-            labels = np.array([label.get(p["identity"], -1) for p in members], dtype=np.int64)
+            labels = np.array([label.get(p["identity"], -1) for p, _ in members], dtype=np.int64)
             for name in outputs:
                 np.save(out_dir / f"{name}_identity.npy", labels)
     manifest = {"root": index["root"], "layout": layout, "max_pixels": max_pixels,
@@ -77,7 +121,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
                 # model is trained on, so the registered model's input example is one it takes
                 "thermal_dtype": thermal_dtypes.most_common(1)[0][0],
                 "visible_channels": channels[1], "identities": identities, "counts": counts,
-                "preprocess": dataclasses.asdict(cfg), "sources": sources}
+                "preprocess": dataclasses.asdict(cfg), "align": alignment, "sources": sources}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -98,8 +142,10 @@ def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarra
 
 def raw_pairs(cache_dir: str | Path, split: str):
     """The (thermal, visible) frames of one split as the camera gave them (full size, before crop and resize),
-    for full-frame evaluation; fails naming the file if one changed since the cache was built."""
+    for full-frame evaluation, the visible one laid onto the thermal one as the cache's were; fails naming the
+    file if one changed since the cache was built."""
     manifest = load_manifest(cache_dir)
+    rig = applied_rig(manifest)
     for source in manifest["sources"]:
         if source["split"] == split:
-            yield read_pair(Path(manifest["root"]), source, manifest["layout"], manifest["max_pixels"])
+            yield aligned(read_pair(Path(manifest["root"]), source, manifest["layout"], manifest["max_pixels"]), rig)

@@ -6,10 +6,15 @@ masks: the thermal image from temperatures (warm skin and eyes, cool nose tip, h
 heat), the visible one from colours and shading. Lighting enters only the visible image, and skin tone or hair
 colour change colours but not temperatures, so visible pixels are not a pixel-wise function of thermal ones.
 Masks are evaluated in the face's own coordinates, so one inverse transform poses every part at once.
+
+Two scenes: `portrait` (square frames, one centred face before a plain wall: the paper's lab recordings) and
+`camera` (what a thermal camera on a wall sees: wide frames, the person anywhere and at any distance, a hot and a
+cold object in the room, frames in sequences). Either may be seen by a visible camera offset from the thermal one
+(`synthesize.parallax`): it renders the same scene through the rig transform of `data.align.Rig`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +29,8 @@ SUPERSAMPLE = 2  # render at twice the size and average down: smooth edges witho
 HAIR_COLOURS = ((0.08, 0.07, 0.06), (0.24, 0.15, 0.08), (0.45, 0.30, 0.16), (0.85, 0.72, 0.45), (0.62, 0.27, 0.12),
                 (0.72, 0.72, 0.70))
 IRIS_COLOURS = ((0.30, 0.18, 0.08), (0.20, 0.35, 0.55), (0.30, 0.42, 0.25), (0.12, 0.08, 0.05))
+HOT_OBJECT = (48.0, (0.93, 0.92, 0.89))    # °C and colour: a radiator, painted white
+COLD_OBJECT = (8.0, (0.72, 0.82, 0.93))    # a window in winter, bright sky behind it
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,8 @@ class Shot:
     room_temp: float        # °C
     wall: tuple[float, float, float]
     noise_seed: int
+    hot: tuple[float, float, float, float] | None = None   # (left, top, right, bottom) of a hot object in the room,
+    cold: tuple[float, float, float, float] | None = None  # in frame heights; None: not in this scene
 
 
 @dataclass(frozen=True)
@@ -98,15 +107,41 @@ def random_shot(rng: np.random.Generator) -> tuple[Shot, Lighting]:
     return shot, lighting
 
 
+def _room_object(rng: np.random.Generator, aspect: float) -> tuple[float, float, float, float]:
+    width, height = rng.uniform(0.12, 0.25), rng.uniform(0.2, 0.45)
+    left, top = rng.uniform(0, aspect - width), rng.uniform(0, 1 - height)
+    return left, top, left + width, top + height
+
+
+def camera_shot(sequence: np.random.Generator, frame: np.random.Generator, aspect: float) -> tuple[Shot, Lighting]:
+    """One frame of a sequence: the room, the person's place and distance from `sequence`; pose, expression,
+    light and a small drift from `frame`."""
+    shot, lighting = random_shot(frame)
+    reach = aspect / 2 - 0.3                                 # the face's centre stays far enough inside the frame
+    place = np.array([sequence.uniform(-reach, reach), sequence.uniform(-0.1, 0.12)])
+    distance = sequence.uniform(0.5, 0.85)                  # face sizes from a third to half the frame height
+    room = sequence.uniform(19.5, 24.5)
+    hot, cold = _room_object(sequence, aspect), _room_object(sequence, aspect)
+    return replace(shot, shift=tuple(place + frame.normal(0, 0.015, 2)), scale=shot.scale * distance,
+                   room_temp=room, hot=hot, cold=cold), lighting
+
+
 def _radius2(u, v, cu, cv, ru, rv):
     """Squared elliptic radius: <= 1 inside the ellipse centred (cu, cv) with radii (ru, rv)."""
     return ((u - cu) / ru) ** 2 + ((v - cv) / rv) ** 2
 
 
-def _scene(face: Face, shot: Shot, side: int) -> dict[str, np.ndarray]:
-    """Boolean masks of every part (painter's order: later parts cover earlier ones) plus the head's relief."""
-    y, x = (np.mgrid[0:side, 0:side] + 0.5) / side
-    px, py = x - 0.5 - shot.shift[0], y - 0.44 - shot.shift[1]
+def _scene(face: Face, shot: Shot, height: int, width: int,
+           parallax: tuple[float, float, float] | None = None) -> dict[str, np.ndarray]:
+    """Boolean masks of every part (painter's order: later parts cover earlier ones) plus the head's relief, in
+    frame heights; `parallax` (shift x, y in output pixels, scale): seen by the offset visible camera."""
+    y, x = (np.mgrid[0:height, 0:width] + 0.5) / height
+    centre_x = 0.5 * width / height
+    if parallax is not None:  # visible = scale (thermal - centre) + centre + shift: look up where thermal saw it
+        shift_x, shift_y, scale = parallax
+        pixel = SUPERSAMPLE / height
+        x, y = (x - centre_x - shift_x * pixel) / scale + centre_x, (y - 0.5 - shift_y * pixel) / scale + 0.5
+    px, py = x - centre_x - shot.shift[0], y - 0.44 - shot.shift[1]
     cos, sin = np.cos(shot.rotation), np.sin(shot.rotation)
     u, v = (cos * px + sin * py) / shot.scale, (-sin * px + cos * py) / shot.scale
     a, b = face.half_width, face.half_height
@@ -135,7 +170,9 @@ def _scene(face: Face, shot: Shot, side: int) -> dict[str, np.ndarray]:
         v < nose_v, np.clip((v - eye_v) / (nose_v - eye_v), 0, 1), np.exp(-0.5 * ((v - nose_v) / (0.05 * a)) ** 2))
     dome = np.where(hair_back, 0.5 * a * np.sqrt(np.clip(1 - outer_r2, 0, 1)), 0.0)  # hair sits on a rounder shell
     relief = np.where(head, a * np.sqrt(np.clip(1 - head_r2, 0, 1)) + 0.05 * a * ridge, dome)
-    return {
+    room = {name: (x >= box[0]) & (x <= box[2]) & (y >= box[1]) & (y <= box[3])
+            for name, box in (("hot_object", shot.hot), ("cold_object", shot.cold)) if box is not None}
+    return room | {
         "y": y, "head_r2": head_r2, "relief": relief,
         "nose_tip": np.exp(-0.5 * _radius2(u, v, nose_u, nose_v, 0.12 * a, 0.12 * a)),
         "canthus": np.exp(-0.5 * _radius2(u, v, eye_u - np.sign(eye_u - slide) * 0.85 * eye_ru, eye_v,
@@ -162,7 +199,9 @@ def _thermal(face: Face, shot: Shot, scene: dict[str, np.ndarray], rng: np.rando
     """Surface temperature in °C, blurred by the optics, then sensor counts: centi-kelvin with read noise."""
     room, skin = shot.room_temp, face.skin_temp
     temp = room + 0.6 * (0.5 - scene["y"])                   # warm air rises: the wall is warmer near the top
-    paint = [("hair_back", room + (skin - room) * (1 - face.hair_insulation) - 0.5),
+    objects = [(name, temperature) for name, (temperature, _) in (("hot_object", HOT_OBJECT),
+                                                                   ("cold_object", COLD_OBJECT)) if name in scene]
+    paint = objects + [("hair_back", room + (skin - room) * (1 - face.hair_insulation) - 0.5),
              ("clothes", room + 0.35 * (skin - room)),
              ("neck", skin - 0.6),
              ("ears", skin - 2.0),
@@ -184,20 +223,23 @@ def _thermal(face: Face, shot: Shot, scene: dict[str, np.ndarray], rng: np.rando
 def _visible(face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarray],
              rng: np.random.Generator) -> np.ndarray:
     """RGB albedo of every part, textured, shaded by the relief under the light, then 8-bit with sensor noise."""
-    side = scene["y"].shape[0]
+    shape = scene["y"].shape
     skin, hair = np.array(face.skin), np.array(face.hair)
-    grain = gaussian(rng.normal(0, 1, (side, side)), sigma=(3.0, 0.6))[..., None]  # hair strands run downwards
-    pores = gaussian(rng.normal(0, 1, (side, side)), sigma=0.8)[..., None]
-    paint = [("hair_back", hair * (0.85 + 0.9 * grain)), ("clothes", np.array(face.clothes) * (1 + 0.12 * pores)),
+    grain = gaussian(rng.normal(0, 1, shape), sigma=(3.0, 0.6))[..., None]  # hair strands run downwards
+    pores = gaussian(rng.normal(0, 1, shape), sigma=0.8)[..., None]
+    objects = [(name, np.array(colour)) for name, (_, colour) in (("hot_object", HOT_OBJECT),
+                                                                  ("cold_object", COLD_OBJECT)) if name in scene]
+    paint = objects + [
+             ("hair_back", hair * (0.85 + 0.9 * grain)), ("clothes", np.array(face.clothes) * (1 + 0.12 * pores)),
              ("neck", skin * 0.92), ("ears", skin * 0.95), ("head", skin * (1 + 0.08 * pores)),
              ("hair_front", hair * (1 + 0.9 * grain)), ("brows", hair * 0.7), ("eyes", np.array([0.92, 0.9, 0.87])),
              ("iris", np.array(face.iris)), ("nostrils", skin * 0.45), ("lips", skin * np.array([0.85, 0.55, 0.55])),
              ("mouth", np.array([0.25, 0.06, 0.07])), ("frame", np.array([0.12, 0.11, 0.13]))]
-    albedo = np.broadcast_to(np.array(shot.wall), (side, side, 3))
+    albedo = np.broadcast_to(np.array(shot.wall), (*shape, 3))
     for part, colour in paint:
         albedo = np.where(scene[part][..., None], colour, albedo)
     albedo = np.where(scene["lenses"][..., None], 0.85 * albedo + 0.15 * np.array([0.75, 0.85, 0.9]), albedo)
-    slope_y, slope_x = np.gradient(gaussian(scene["relief"], sigma=SUPERSAMPLE) * side)
+    slope_y, slope_x = np.gradient(gaussian(scene["relief"], sigma=SUPERSAMPLE) * shape[0])
     normal = np.stack([-slope_x, -slope_y, np.ones_like(slope_x)], axis=-1)
     normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
     towards = np.array([np.cos(light.azimuth) * np.cos(light.elevation),
@@ -212,24 +254,41 @@ def _visible(face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarra
     return np.clip(np.round(rgb * 255), 0, 255).astype(np.uint8)
 
 
-def render(face: Face, shot: Shot, lighting: Lighting, resolution: int) -> tuple[np.ndarray, np.ndarray]:
-    """(thermal uint16 HxW in centi-kelvin, visible uint8 HxWx3) of one shot; noise is seeded by the shot."""
-    scene = _scene(face, shot, resolution * SUPERSAMPLE)
+def render(face: Face, shot: Shot, lighting: Lighting, height: int, width: int | None = None,
+           parallax: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
+    """(thermal uint16 HxW in centi-kelvin, visible uint8 HxWx3) of one shot, width = height unless given; the
+    visible camera offset by `parallax` (shift x, y in pixels, scale); noise is seeded by the shot."""
+    height, width = height * SUPERSAMPLE, (width or height) * SUPERSAMPLE
+    scene = _scene(face, shot, height, width)
+    offset = None if tuple(parallax) == (0.0, 0.0, 1.0) else _scene(face, shot, height, width, parallax)
     thermal = _thermal(face, shot, scene, np.random.default_rng([shot.noise_seed, 0]))
-    visible = _visible(face, shot, lighting, scene, np.random.default_rng([shot.noise_seed, 1]))
+    visible = _visible(face, shot, lighting, scene if offset is None else offset,
+                       np.random.default_rng([shot.noise_seed, 1]))
     return thermal, visible
 
 
+def _shot(cfg: SynthesizeConfig, person: int, index: int) -> tuple[Shot, Lighting, str]:
+    """The shot of one image and its file name: portrait NNN, camera seqK_FFF (frame F of sequence K)."""
+    if cfg.scene == "portrait":
+        return *random_shot(np.random.default_rng([cfg.seed, person, index])), f"{index:03d}"
+    sequence, frame = divmod(index, cfg.sequence_length)
+    shot, lighting = camera_shot(np.random.default_rng([cfg.seed, person, sequence]),
+                                 np.random.default_rng([cfg.seed, person, sequence, frame]), cfg.aspect)
+    return shot, lighting, f"seq{sequence}_{frame:03d}"
+
+
 def synthesize(cfg: SynthesizeConfig, out_dir: Path) -> int:
-    """Write the dataset as out_dir/{thermal,visible}/person_NN/NNN.png; returns the number of pairs."""
+    """Write the dataset as out_dir/{thermal,visible}/person_NN/NAME.png (`_shot` names); returns the number of
+    pairs."""
     digits = max(2, len(str(cfg.identities - 1)))
     jobs = [(person, index) for person in range(cfg.identities) for index in range(cfg.images_per_identity)]
+    width = round(cfg.resolution * cfg.aspect)
     for person, index in tqdm(jobs, desc="synthesize", unit="pair"):
         face = random_face(np.random.default_rng([cfg.seed, person]))
-        shot, lighting = random_shot(np.random.default_rng([cfg.seed, person, index]))
-        thermal, visible = render(face, shot, lighting, cfg.resolution)
+        shot, lighting, name = _shot(cfg, person, index)
+        thermal, visible = render(face, shot, lighting, cfg.resolution, width, cfg.parallax)
         for kind, image in (("thermal", thermal), ("visible", visible)):
-            path = out_dir / kind / f"person_{person:0{digits}d}" / f"{index:03d}.png"
+            path = out_dir / kind / f"person_{person:0{digits}d}" / f"{name}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             imsave(path, image, check_contrast=False)
     return len(jobs)

@@ -29,9 +29,13 @@ class IdentityRecognizer(nn.Module):
         self.features = nn.Sequential(*layers)
         self.classify = nn.Linear(channels, num_identities)
 
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B,C,S,S) in [-1,1] -> face embeddings (B, width x 8): what the classifier tells people by."""
+        return self.features(images).mean(dim=(2, 3))
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B,C,S,S) in [-1,1] -> identity logits (B, num_identities)."""
-        return self.classify(self.features(images).mean(dim=(2, 3)))
+        return self.classify(self.embed(images))
 
 
 def load_recognizer(path: str | Path, identities: list[str]) -> tuple[IdentityRecognizer, str]:
