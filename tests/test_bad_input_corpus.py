@@ -73,7 +73,7 @@ def served(tmp_path_factory, tiny_cache):
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
             register(model, name="corpus", experiment="corpus", test_psnr=20.0, parity_passed=True, metrics={},
-                     lineage={}, max_pixels=MAX_PIXELS, max_model_pixels=1_048_576)
+                     lineage={}, max_pixels=MAX_PIXELS, max_model_pixels=1_048_576, training_manifest=None)
         with model_server("models:/corpus@champion", tmp_path_factory.mktemp("serve"), tracking_uri) as url:
             yield url, MlflowClient(tracking_uri)
 

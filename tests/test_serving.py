@@ -74,7 +74,7 @@ def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFu
         patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
         register(model, name="served", experiment="serving-tests", test_psnr=20.0, parity_passed=True,
                  metrics={}, lineage={}, max_pixels=MAX_PIXELS,
-                 max_model_pixels=MAX_MODEL_PIXELS)
+                 max_model_pixels=MAX_MODEL_PIXELS, training_manifest=tiny_cache / "manifest.json")
         return mlflow.pyfunc.load_model(MODEL_URI)
 
 
