@@ -205,7 +205,7 @@ class Pix2Pix(LightningModule):
         checkpoint["bad_steps"] = self.bad_steps  # train.max_bad_steps counts over the whole run, across resumes
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.bad_steps = checkpoint["bad_steps"]
+        self.bad_steps = checkpoint.get("bad_steps", 0)  # 0 in checkpoints from before the count was kept
 
     def on_train_epoch_start(self) -> None:
         self.images_seen = 0
