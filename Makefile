@@ -13,7 +13,7 @@ export DO_NOT_TRACK := 1
 MODEL ?= models:/thermal2visible@champion
 PORT ?= 5001
 
-.PHONY: setup demo test serve ui screenshots clean
+.PHONY: setup demo test test-fast lint serve ui screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -43,6 +43,12 @@ screenshots: setup
 
 test: setup
 	$(PY) -m pytest
+
+test-fast: setup  # the inner loop: no multi-process, end-to-end or server tests
+	$(PY) -m pytest -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) data models checkpoints mlflow.db mlflow.db.lock mlruns mlartifacts reports/ingest_errors.json

@@ -133,8 +133,9 @@ def main(params: Params) -> None:
     EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")
     save_grid(grid, EVAL_GRID)
 
-    logger = start_run(params, "evaluate", ("mlflow",), dataset_context="evaluation", tags={
-        "fingerprint": str(payload.get("fingerprint")), "train_run_id": str(training_run_id(payload.get("fingerprint")))})
+    fingerprint = payload.get("fingerprint")
+    logger = start_run(params, "evaluate", ("mlflow",), dataset_context="evaluation",
+                       tags={"fingerprint": str(fingerprint), "train_run_id": str(training_run_id(fingerprint))})
     logger.log_metrics({f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
                         for name, values in results.items() for metric, value in values.items()})
     if identity["score"]:

@@ -121,7 +121,8 @@ def main(params: Params) -> None:
         return
     seconds = time.perf_counter() - started
     summary = write_outputs(stop, fingerprint)
-    logger.experiment.log_metric(logger.run_id, "train_seconds", seconds)  # the Trainer has finalized the logger
+    # a tag, not a metric: every metric of the run is a per-epoch curve (the Trainer has finalized the logger anyway)
+    logger.experiment.set_tag(logger.run_id, "train_seconds", f"{seconds:.1f}")
     for path in (GENERATOR, PSNR_CURVE, PSNR_CSV):
         log_artifact(logger, path)
     print(f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "

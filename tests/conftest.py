@@ -79,8 +79,9 @@ def project_copy(tmp_path) -> Path:
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     _write_params(repo)
     dvc = str(Path(sys.executable).with_name("dvc"))
+    commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]
     for command in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "config", "core.analytics", "false"],
-                    ["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
+                    ["git", "add", "-A"], commit):
         subprocess.run(command, cwd=repo, check=True, capture_output=True)
     return repo
 

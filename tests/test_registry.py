@@ -11,7 +11,6 @@ from pathlib import Path
 import base64
 
 import mlflow
-import numpy as np
 import onnx
 import pytest
 from corpus import png, rgb, temperatures, thermal16, tiff
@@ -27,6 +26,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.registry import CHALLENGER, CHAMPION, gate, register
 from thermal2visible.serving import IMAGE
 
+pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
 REGISTER = ROOT / "pipelines" / "register.py"
 

@@ -26,6 +26,7 @@ from thermal2visible.data.images import read_image
 from thermal2visible.registry import register
 from thermal2visible.serving import IMAGE, png_bytes, pyfunc_arguments, to_base64
 
+pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PIXELS = 100_000
 MAX_MODEL_PIXELS = 100_000  # the tiny model's 32 px squares: a 97:1 strip at most

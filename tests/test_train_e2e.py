@@ -63,7 +63,7 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     # tracked files hold the run's fingerprint, never its run id: the run is found by that tag
     assert payload["fingerprint"] == summary["fingerprint"] == train_run.data.tags["fingerprint"]
     assert runs["evaluate"].data.tags["train_run_id"] == train_run.info.run_id
-    assert train_run.data.metrics["train_seconds"] > 0 and "seconds" not in summary
+    assert float(train_run.data.tags["train_seconds"]) > 0 and "seconds" not in summary
     assert train_run.data.params["train.lambda_l1"] == "1000.0" and train_run.data.tags["data_hash"]
     assert [m.step for m in client.get_metric_history(train_run.info.run_id, "loss_g")] == list(
         range(1, summary["epochs_run"] + 1))  # one point per epoch, stepped by epoch

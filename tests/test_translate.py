@@ -23,6 +23,7 @@ from tiny_model import export_tiny
 from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
 from thermal2visible.video import translate_video
 
+pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATE = ROOT / "pipelines" / "translate.py"
 

@@ -55,7 +55,8 @@ STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint conti
 # every key of these sections is classed here or in NOT_DEFINING, so a new key cannot be forgotten.
 WEIGHT_DEFINING = {
     "preprocess": ("image_size", "face_crop", "crop_margin", "thermal_norm", "percentiles", "fixed_range",
-                   "temperature_range", "split_by", "val_fraction", "test_fraction", "seed", "jitter_scale"),
+                   "temperature_range", "split_by", "val_fraction", "test_fraction", "seed", "jitter_scale", "align",
+                   "align_max_residual"),
     "loader": ("jitter",),
     "model": ("ngf", "ndf", "norm", "dropout"),
     "train": ("batch_size", "base_batch_size", "lr_scaling", "lr_g", "lr_d", "beta1", "beta2", "gan_mode",

@@ -166,7 +166,8 @@ class Params:
     def flat(self, *sections: str) -> dict[str, object]:
         """`section.key` -> value for the named sections (all when none), as MLflow params want them."""
         names = sections or tuple(f.name for f in dataclasses.fields(self))
-        return {f"{name}.{key}": value for name in names for key, value in dataclasses.asdict(getattr(self, name)).items()}
+        return {f"{name}.{key}": value for name in names
+                for key, value in dataclasses.asdict(getattr(self, name)).items()}
 
 
 def _coerce(value: object, annotation: object, where: str) -> object:
@@ -237,8 +238,8 @@ def _check(params: Params) -> None:
     if params.early_stop.window < 1 or params.early_stop.patience < 1:
         raise ConfigError("early_stop.window/patience: must be >= 1")
     if params.early_stop.window > t.max_epochs:
-        raise ConfigError(f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs {t.max_epochs}, "
-                          "so no smoothed PSNR (and no best model) would ever exist")
+        raise ConfigError(f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs "
+                          f"{t.max_epochs}, so no smoothed PSNR (and no best model) would ever exist")
     if params.serve.max_model_pixels < size * size:
         raise ConfigError(f"serve.max_model_pixels: {params.serve.max_model_pixels} is less than one "
                           f"{size}x{size} training square (preprocess.image_size): every frame would be refused")
