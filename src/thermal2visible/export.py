@@ -59,9 +59,12 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
         input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
         dynamic_shapes=({0: torch.export.Dim("batch"), 2: size * rows, 3: size * cols},))
     model = program.model_proto
-    # torch.export's notes on the graph print a set in hash order, which differs between processes: without them
-    # the same weights give the same bytes (a rerun's dvc.lock stays the same); onnxruntime never reads them.
+    # torch.export's debug notes name this checkout's absolute paths (each node's stack trace) and print a set in
+    # hash order (the graph's): without them the same weights give the same bytes in any clone and process, so a
+    # rerun's dvc.lock stays the same. onnxruntime never reads them.
     del model.graph.metadata_props[:]
+    for node in model.graph.node:
+        del node.metadata_props[:]
     onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in metadata.items()})
     model.doc_string = "thermal2visible pix2pix generator: thermal in [-1,1] (NCHW) -> visible in [-1,1]"
     onnx.checker.check_model(model, full_check=True)
