@@ -267,7 +267,7 @@ def render(face: Face, shot: Shot, lighting: Lighting, height: int, width: int |
     return thermal, visible
 
 
-def _shot(cfg: SynthesizeConfig, person: int, index: int) -> tuple[Shot, Lighting, str]:
+def shot_of(cfg: SynthesizeConfig, person: int, index: int) -> tuple[Shot, Lighting, str]:
     """The shot of one image and its file name: portrait NNN, camera seqK_FFF (frame F of sequence K)."""
     if cfg.scene == "portrait":
         return *random_shot(np.random.default_rng([cfg.seed, person, index])), f"{index:03d}"
@@ -278,14 +278,14 @@ def _shot(cfg: SynthesizeConfig, person: int, index: int) -> tuple[Shot, Lightin
 
 
 def synthesize(cfg: SynthesizeConfig, out_dir: Path) -> int:
-    """Write the dataset as out_dir/{thermal,visible}/person_NN/NAME.png (`_shot` names); returns the number of
+    """Write the dataset as out_dir/{thermal,visible}/person_NN/NAME.png (`shot_of` names); returns the number of
     pairs."""
     digits = max(2, len(str(cfg.identities - 1)))
     jobs = [(person, index) for person in range(cfg.identities) for index in range(cfg.images_per_identity)]
     width = round(cfg.resolution * cfg.aspect)
     for person, index in tqdm(jobs, desc="synthesize", unit="pair"):
         face = random_face(np.random.default_rng([cfg.seed, person]))
-        shot, lighting, name = _shot(cfg, person, index)
+        shot, lighting, name = shot_of(cfg, person, index)
         thermal, visible = render(face, shot, lighting, cfg.resolution, width, cfg.parallax)
         for kind, image in (("thermal", thermal), ("visible", visible)):
             path = out_dir / kind / f"person_{person:0{digits}d}" / f"{name}.png"

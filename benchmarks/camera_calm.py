@@ -1,0 +1,89 @@
+"""Does a hot radiator or a cold window in the room change how a camera-scene model translates everything else?
+Each test frame of the built-in camera scene is rendered twice from its own shot, as synthesized (radiator and window
+in view) and calm (the same shot with both taken out of the room), translated by `frames.translate_frame` (the
+served path) through the exported ONNX model and scored against the calm visible frame of a registered camera.
+
+    python benchmarks/camera_calm.py --params params.yaml --preset params/camera.yaml \
+        --onnx models/generator.onnx --cache data/cache
+
+PSNR (dB, [0, 1] images, mean over the test frames) over the pixels the two renders share: where the objects are
+(where the two thermal renders differ, grown by GROW pixels) is left out of both scores. Writes
+reports/camera_calm.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from scipy.ndimage import binary_dilation
+
+from common import machine_text, write_report
+from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.data.cache import load_manifest
+from thermal2visible.data.preprocess import preprocess_config
+from thermal2visible.data.synthetic import random_face, render, shot_of
+from thermal2visible.export import run_onnx
+from thermal2visible.frames import translate_frame
+from thermal2visible.pixels import unit
+from thermal2visible.serving import onnx_metadata, onnx_session
+
+GROW = 4  # pixels around the objects left out too: the resize to the model's size blurs their edges
+NAME = re.compile(r"thermal/person_(\d+)/seq(\d+)_(\d+)\.png$")
+
+
+def test_shots(cache: Path, synthesize) -> list[tuple[int, int]]:
+    """(person, index) of every test frame of a camera-scene cache, from its file name (`synthetic.shot_of`)."""
+    shots = []
+    for source in load_manifest(cache)["sources"]:
+        if source["split"] == "test":
+            person, sequence, frame = map(int, NAME.search(source["thermal"]).groups())
+            shots.append((person, sequence * synthesize.sequence_length + frame))
+    return shots
+
+
+def shared_psnr(prediction: np.ndarray, truth: np.ndarray, shared: np.ndarray) -> float:
+    error = np.mean((prediction[shared] - truth[shared]) ** 2)
+    return float(10 * np.log10(1.0 / error))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--preset", type=Path, default=Path("params/camera.yaml"))
+    parser.add_argument("--onnx", type=Path, default=Path("models/generator.onnx"))
+    parser.add_argument("--cache", type=Path, default=Path("data/cache"))
+    args = parser.parse_args()
+    synthesize = load_params(args.params, preset_overrides(args.preset)).synthesize
+    session = onnx_session(args.onnx)
+    cfg = preprocess_config(onnx_metadata(session)["preprocess"])
+    width = round(synthesize.resolution * synthesize.aspect)
+
+    def generate(batch: np.ndarray) -> np.ndarray:
+        return run_onnx(session, batch)
+
+    scores = {"with radiator and window": [], "calm": []}
+    for person, index in test_shots(args.cache, synthesize):
+        face = random_face(np.random.default_rng([synthesize.seed, person]))
+        shot, lighting, _ = shot_of(synthesize, person, index)
+        calm_shot = dataclasses.replace(shot, hot=None, cold=None)
+        busy, _ = render(face, shot, lighting, synthesize.resolution, width)
+        calm, truth = render(face, calm_shot, lighting, synthesize.resolution, width)
+        shared = ~binary_dilation(busy != calm, iterations=GROW)
+        for name, thermal in (("with radiator and window", busy), ("calm", calm)):
+            scores[name].append(shared_psnr(translate_frame(generate, thermal, cfg), unit(truth), shared))
+    psnr = {name: round(float(np.mean(values)), 2) for name, values in scores.items()}
+    report = {"command": f"python benchmarks/camera_calm.py --params {args.params} --preset {args.preset} "
+                         f"--onnx {args.onnx} --cache {args.cache}",
+              "machine_text": machine_text(), "image_size": cfg.image_size, "thermal_norm": cfg.thermal_norm,
+              "test_frames": len(scores["calm"]), "psnr_db": psnr,
+              "objects_minus_calm_db": round(psnr["with radiator and window"] - psnr["calm"], 2)}
+    write_report("camera_calm", report)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
