@@ -229,7 +229,7 @@ def write_video(path: Path, frames: int = 12, width: int = 48, height: int = 40,
     rng = np.random.default_rng(0)
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=fps)
-        # one encoding thread: the same bytes on every run, so the damage below always lands in the same frame
+        # one encoding thread: the same bytes on every run of one machine
         stream.width, stream.height, stream.options = width, height, {"g": "4", "threads": "1"}
         stream.pix_fmt = "yuv420p" if width % 2 == 0 and height % 2 == 0 else "yuv444p"
         for k in range(frames):
@@ -248,19 +248,35 @@ class BadVideo:
     pattern: str  # a regular expression its error matches
 
 
+def write_damaged_copy(source: Path, target: Path, packet_index: int) -> Path:
+    """`source` remuxed with one packet's first NAL length made impossible: every decoder must report that packet
+    (scrambled slice bytes are not enough: H.264 often decodes them without an error, and where depends on the
+    encoder's bytes, which differ between CPUs)."""
+    with av.open(str(source)) as reader, av.open(str(target), "w") as writer:
+        stream = writer.add_stream_from_template(reader.streams.video[0])
+        for index, packet in enumerate(p for p in reader.demux(reader.streams.video[0]) if p.size):
+            if index == packet_index:
+                payload = bytearray(bytes(packet))
+                payload[:4] = (0x7FFFFFF0).to_bytes(4, "big")
+                damaged = av.Packet(bytes(payload))
+                damaged.pts, damaged.dts, damaged.time_base = packet.pts, packet.dts, packet.time_base
+                damaged.is_keyframe = packet.is_keyframe
+                packet = damaged
+            packet.stream = stream
+            writer.mux(packet)
+    return target
+
+
 def write_bad_videos(folder: Path) -> list[BadVideo]:
     """Videos `pipelines/translate.py --input VIDEO --output OUT` must refuse without writing OUT."""
     folder.mkdir(parents=True, exist_ok=True)
-    data = bytearray(write_video(folder / "good.mp4").read_bytes())
-    middle = data.find(b"mdat") + (len(data) - data.find(b"mdat")) // 2
-    data[middle:middle + 200] = bytes((7 * b + 13) % 256 for b in data[middle:middle + 200])
-    (folder / "corrupt.mp4").write_bytes(bytes(data))
+    write_damaged_copy(write_video(folder / "good.mp4"), folder / "corrupt.mp4", packet_index=6)
     (folder / "empty.mp4").write_bytes(b"")
     (folder / "notes.mp4").write_text("not a video")
     write_video(folder / "huge.mp4", frames=2, width=640, height=512)
     write_video(folder / "thin.mp4", frames=2, width=4000, height=2)  # 8000 pixels, 64000x32 at the model's 32 px
     return [
-        # which frame the damage lands in depends on the encoder's output: any frame, named by its number
+        # the frame named is counted in display order, behind the damaged packet by the decoder's reorder delay
         BadVideo("corrupt frame", "corrupt.mp4", "out.mp4",
                  r"corrupt\.mp4: frame \d+: cannot be decoded \(Invalid data"),
         BadVideo("zero bytes", "empty.mp4", "out.mp4", re.escape("empty.mp4: not a readable video")),
