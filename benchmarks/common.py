@@ -26,6 +26,7 @@ from thermal2visible.data.datamodule import mirrored, random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.pixels import unit_to_model
+from rounds import MachineLoad
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -99,19 +100,49 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
     return 2 * size ** 3 / seconds / 1e9
 
 
-def gemm_peaks(dtypes) -> dict[str, float]:
-    """`matmul_peak_gflops` of each dtype name ("fp32", "bf16", "int8") met in `dtypes`, by name descending."""
-    return {dtype: matmul_peak_gflops(DTYPES[dtype]) for dtype in sorted(set(dtypes), reverse=True)}
+class GemmPeaks:
+    """The GEMM peak of each dtype a benchmark divides by, measured each time `measure` is called (the benchmarks call
+    it in every round, beside the configurations) under the rounds' own steal and foreign-load checks.
+
+    A peak measured once, on a machine that was busy at that moment and quiet later, turned 57 % of the bf16 peak into
+    "154 %". Now the peak is the best clean measurement (the best flagged one only when none was clean, and then the
+    report says so), and a share above 100 % can only be a measurement error: it is reported as one, never as a figure.
+    """
+
+    def __init__(self, dtypes):
+        self.samples: dict[str, list[dict]] = {dtype: [] for dtype in sorted(set(dtypes), reverse=True)}
+
+    def measure(self) -> None:
+        for dtype, samples in self.samples.items():
+            with MachineLoad() as load:
+                gflops = matmul_peak_gflops(DTYPES[dtype])
+            samples.append({"gflops": round(gflops, 1), "steal": round(load.steal, 3),
+                            "foreign_load": round(load.foreign, 3), "flagged": load.flagged})
+
+    def peak(self, dtype: str) -> dict:
+        clean = [sample["gflops"] for sample in self.samples[dtype] if not sample["flagged"]]
+        return {"gflops": max(clean or [sample["gflops"] for sample in self.samples[dtype]]), "clean": bool(clean),
+                "measurements": len(self.samples[dtype])}
+
+    def report(self) -> dict:
+        return {dtype: self.peak(dtype) | {"samples": samples} for dtype, samples in self.samples.items()}
+
+    def text(self) -> str:
+        return ", ".join(f"{dtype} {peak['gflops']:.0f} GFLOP/s" + ("" if peak["clean"] else " (no clean measurement)")
+                         for dtype, peak in ((dtype, self.peak(dtype)) for dtype in self.samples))
+
+    def arithmetic(self, flops: int, seconds: float, dtype: str) -> dict:
+        """Achieved GFLOP/s of `flops` done in `seconds`, and its share of the GEMM peak of the arithmetic used."""
+        gflops = round(flops / seconds / 1e9, 1)
+        share = round(gflops / self.peak(dtype)["gflops"], 3)
+        return {"dtype": dtype, "gflops_per_s": gflops, "share_of_peak": share if share <= 1 else None}
 
 
-def peaks_text(peaks: dict[str, float]) -> str:
-    return ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peaks.items())
-
-
-def arithmetic(flops: int, seconds: float, dtype: str, peaks: dict[str, float]) -> dict:
-    """Achieved GFLOP/s of `flops` done in `seconds`, and its share of the GEMM peak of the arithmetic used."""
-    gflops = round(flops / seconds / 1e9, 1)
-    return {"dtype": dtype, "gflops_per_s": gflops, "share_of_peak": round(gflops / peaks[dtype], 3)}
+def share_text(figures: dict) -> str:
+    """'57 % of bf16 peak', or why there is no share."""
+    if figures["share_of_peak"] is None:
+        return f"over the {figures['dtype']} peak: a measurement error"
+    return f"{figures['share_of_peak']:.0%} of {figures['dtype']} peak"
 
 
 def profile_summary(profile: torch.profiler.profile, top: int = 12) -> list[dict]:

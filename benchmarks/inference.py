@@ -38,8 +38,8 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (PAPER_MODEL, REPORTS, RAW_SIDE, arithmetic, gemm_peaks, machine_text,  # noqa: E402
-                    markdown_table, median_seconds, peaks_text, synthetic_cache, write_report)
+from common import (PAPER_MODEL, REPORTS, RAW_SIDE, GemmPeaks, machine_text, markdown_table,  # noqa: E402
+                    median_seconds, share_text, synthetic_cache, write_report)
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
@@ -70,14 +70,15 @@ def torch_bf16(generator: torch.nn.Module):
     return predict
 
 
-def engine_rounds(engines: dict, images: np.ndarray, batches: list[int], rounds: int, repeats: int) -> dict:
+def engine_rounds(engines: dict, images: np.ndarray, batches: list[int], rounds: int, repeats: int,
+                  peaks: GemmPeaks) -> dict:
     """Per batch size: the engines' seconds per image in interleaved rounds, summarised against torch eager."""
     results = {}
     for batch in batches:
         inputs = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])))
         calls = {name: (lambda predict=predict: median_seconds(lambda: predict(inputs), repeats) / batch)
                  for name, predict in engines.items()}
-        records = measure_rounds(calls, rounds, label=f"batch {batch}: ")
+        records = measure_rounds(calls, rounds, label=f"batch {batch}: ", after_each_round=peaks.measure)
         results[batch] = {"summary": summarize(records, baseline=EAGER), "records": records}
     return results
 
@@ -175,7 +176,8 @@ def main() -> None:
         if cpu_has_native_bf16():  # emulated bf16 is ~10x slower than fp32: not worth the benchmark's minutes
             engines[BF16] = torch_bf16(generator)
         flops = generator_flops(generator, images)
-        results = engine_rounds(engines, images[16:], args.batches, args.rounds, args.repeats)
+        peaks = GemmPeaks(engine_dtype(name) for name in engines)
+        results = engine_rounds(engines, images[16:], args.batches, args.rounds, args.repeats, peaks)
         profile = onnxruntime_profile(fp32, images[16:17])
         print("  where onnxruntime fp32 spends batch 1: "
               + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]), flush=True)
@@ -185,23 +187,22 @@ def main() -> None:
             mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000,
                                                                           max_model_pixels=1_048_576))
             serving = rest_vs_in_process(model_dir, args.size, args.requests, args.rounds, scratch)
-    peaks = gemm_peaks(engine_dtype(name) for name in engines)
     rows = []
     for batch, result in results.items():
         for name, figures in result["summary"]["configs"].items():
             figures["ms_per_image"] = round(1000 * figures["median_s"], 2)
-            figures |= arithmetic(flops, figures["median_s"], engine_dtype(name), peaks)
+            figures |= peaks.arithmetic(flops, figures["median_s"], engine_dtype(name))
             rows.append([name, batch, figures["ms_per_image"], ratio_text(figures), figures["gflops_per_s"],
-                         f"{figures['share_of_peak']:.0%} of {figures['dtype']} peak"])
+                         share_text(figures)])
     print(markdown_table(["engine", "batch", "ms/image", f"vs {EAGER} (median [min-max])", "GFLOP/s", "share"],
                          rows))
-    print(f"GEMM peaks: {peaks_text(peaks)}; generator forward: {flops / 1e9:.1f} GFLOP per image")
+    print(f"GEMM peaks: {peaks.text()}; generator forward: {flops / 1e9:.1f} GFLOP per image")
     if serving:
         figures = serving["summary"]["configs"]
         print(f"pyfunc, 1 image per request: in-process {1000 * figures[IN_PROCESS]['median_s']:.1f} ms, REST "
               f"{1000 * figures[REST]['median_s']:.1f} ms: REST is {ratio_text(figures[REST])} as fast")
     write_report("inference", {"size": args.size, "threads": args.threads, "flops_per_image": flops,
-                               "matmul_peak_gflops": peaks, "engines": results,
+                               "matmul_peak_gflops": peaks.report(), "engines": results,
                                "onnxruntime_fp32_profile_batch_1": profile, "serving": serving})
     plot(results, serving, REPORTS / "inference.png", f"Generator {args.size} px")
     print(f"wrote {REPORTS}/inference.json and .png")

@@ -111,9 +111,10 @@ def rotated(names: list[str], round_index: int) -> list[str]:
 
 
 def measure_rounds(measurements: dict[str, Callable[[], float]], rounds: int, warmup_rounds: int = 1,
-                   label: str = "") -> list[dict]:
+                   label: str = "", after_each_round: Callable[[], None] = lambda: None) -> list[dict]:
     """Run every measurement once per round, order rotated each round; each callable returns one figure (seconds,
-    lower is better). Warm-up rounds run untimed first. Returns one record per timed measurement."""
+    lower is better). Warm-up rounds run untimed first; `after_each_round` runs after every timed round (what the
+    figures are divided by, measured under the same conditions). Returns one record per timed measurement."""
     names, records = list(measurements), []
     for round_index in range(-warmup_rounds, rounds):
         for name in rotated(names, round_index):
@@ -127,6 +128,8 @@ def measure_rounds(measurements: dict[str, Callable[[], float]], rounds: int, wa
             flag = "  FLAGGED (steal %.0f%%, foreign load %.0f%%)" % (100 * load.steal, 100 * load.foreign) \
                 if load.flagged else ""
             print(f"  {label}round {round_index + 1}/{rounds} {name}: {seconds:.4g} s{flag}", flush=True)
+        if round_index >= 0:
+            after_each_round()
     return records
 
 

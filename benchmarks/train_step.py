@@ -9,9 +9,10 @@ time is the gap between two stamps (fetching the batch, jitter and the whole ste
 trains with (precision auto, NCHW, fused Adam, preloaded cache); the others change one thing of it.
 
 At 256 px the model is the paper's (ngf/ndf 64); at other sizes it is params.yaml's. Achieved GFLOP/s (FLOPs counted
-by FlopCounterMode on one plain step) is set against the measured GEMM peak of the step's dtype, and both the plain
-and the default step are profiled. To measure an AVX2-only CPU on a newer one, start Python with
-ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
+by FlopCounterMode on one plain step) is set against the GEMM peak of the step's dtype, measured in every round under
+the same load checks (common.GemmPeaks), and both the plain and the default step are profiled. To measure an
+AVX2-only CPU on a newer one, start Python with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
 
 Writes reports/train_step.json, reports/train_step.md and reports/train_step.png (--report names them otherwise).
 Usage: python benchmarks/train_step.py [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
@@ -37,9 +38,8 @@ from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (PAPER_MODEL, PAPER_SIZE, REPORTS, BatchClock, arithmetic, decoded_batch,  # noqa: E402
-                    gemm_peaks, machine_text, markdown_table, peaks_text, profile_summary, synthetic_cache,
-                    write_report)
+from common import (PAPER_MODEL, PAPER_SIZE, REPORTS, BatchClock, GemmPeaks, decoded_batch,  # noqa: E402
+                    machine_text, markdown_table, profile_summary, share_text, synthetic_cache, write_report)
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.config import (IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig,  # noqa: E402
                                     TrainConfig)
@@ -232,9 +232,8 @@ def main() -> None:
     configs = {name: CONFIGS[name] for name in dict.fromkeys([PLAIN, *args.configs])}
     if all(step_dtype(change) == "fp32" for change in configs.values() if change is not None):
         configs = {name: change for name, change in configs.items() if name != "default in fp32"}  # same as default
-    peaks = gemm_peaks(step_dtype(change) for change in configs.values())
-    peak_text = peaks_text(peaks)
-    print(f"{machine_text()}; GEMM peak {peak_text}", flush=True)
+    peaks = GemmPeaks(step_dtype(change) for change in configs.values())
+    print(machine_text(), flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="t2v-train-step-") as scratch:
         for size in args.sizes:
@@ -247,22 +246,24 @@ def main() -> None:
                             (lambda change=change: project_step_seconds(change, args.batch, size, data, args.warmup,
                                                                         steps))
                             for name, change in configs.items()}
-            records = measure_rounds(measurements, args.rounds, label=f"{size} px: ")
+            records = measure_rounds(measurements, args.rounds, label=f"{size} px: ", after_each_round=peaks.measure)
             summary = summarize(records, baseline=PLAIN)
             flops = plain_step_flops(size, batches)
-            for name, figures in summary["configs"].items():
-                figures["images_per_s"] = round(args.batch / figures["median_s"], 3)
-                figures |= arithmetic(flops, figures["median_s"], step_dtype(configs[name]), peaks)
             results.append({"size": size, "ngf": model_for(size).ngf, "batch": args.batch, "steps": steps,
                             "flops_per_step": flops, "summary": summary, "records": records,
                             "profiles": {} if args.no_profile else profiles(args.batch, size, data, batches)})
+    for result in results:
+        for name, figures in result["summary"]["configs"].items():
+            figures["images_per_s"] = round(args.batch / figures["median_s"], 3)
+            figures |= peaks.arithmetic(result["flops_per_step"], figures["median_s"], step_dtype(configs[name]))
+    print(f"GEMM peak {peaks.text()}")
     header = ["size", "batch", "configuration", "images/s", "vs plain step (median [min-max])", "GFLOP/s",
-              "of dtype peak"]
+              "share of the GEMM peak"]
     table = markdown_table(header, [[r["size"], r["batch"], name, f["images_per_s"], ratio_text(f),
-                                     f["gflops_per_s"], f"{f['share_of_peak']:.0%} {f['dtype']}"]
+                                     f["gflops_per_s"], share_text(f)]
                                     for r in results for name, f in r["summary"]["configs"].items()])
     print(table)
-    write_report(args.report, {"results": results, "matmul_peak_gflops": peaks, "threads": args.threads,
+    write_report(args.report, {"results": results, "matmul_peak_gflops": peaks.report(), "threads": args.threads,
                                 "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds})
     profile_text = "".join(
         f"\n### Profile: {r['size']} px batch {r['batch']}, {name} (eager, self CPU time)\n\n"
@@ -271,7 +272,8 @@ def main() -> None:
         for r in results for name, rows in r["profiles"].items())
     steps_text = ", ".join(f"{r['steps']} at {r['size']} px" for r in results)
     (REPORTS / f"{args.report}.md").write_text(
-        f"# Training step, {machine_text()}\n\nGEMM peak: {peak_text} (2048x2048). {args.rounds} interleaved rounds "
+        f"# Training step, {machine_text()}\n\nGEMM peak: {peaks.text()} (2048x2048, best clean measurement of "
+        f"one per round). {args.rounds} interleaved rounds "
         f"after a warm-up round; timed steps per measurement: {steps_text}; speed-up = plain step time / "
         f"configuration time in the same round.\n\n{table}{profile_text}")
     plot(results, REPORTS / f"{args.report}.png")

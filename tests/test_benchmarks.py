@@ -21,13 +21,33 @@ def test_each_round_runs_every_configuration_in_a_rotated_order():
     calls = []
     measurements = {name: (lambda name=name, seconds=seconds: calls.append(name) or seconds)
                     for name, seconds in (("a", 0.2), ("b", 0.1), ("c", 0.4))}
-    records = rounds.measure_rounds(measurements, rounds=3, warmup_rounds=1)
-    assert calls == ["c", "a", "b",  "a", "b", "c",  "b", "c", "a",  "c", "a", "b"]  # warm-up round first
+    records = rounds.measure_rounds(measurements, rounds=3, warmup_rounds=1,
+                                    after_each_round=lambda: calls.append("peak"))
+    # warm-up round first; what the figures are divided by is measured after every timed round, beside them
+    assert calls == ["c", "a", "b",  "a", "b", "c", "peak",  "b", "c", "a", "peak",  "c", "a", "b", "peak"]
     assert [r["round"] for r in records] == [0] * 3 + [1] * 3 + [2] * 3
     summary = rounds.summarize(records, baseline="a")
     assert summary["configs"]["b"]["speedup_median"] == 2.0 and summary["configs"]["b"]["verdict"] == "faster"
     assert summary["configs"]["c"]["speedup_median"] == 0.5 and summary["configs"]["c"]["verdict"] == "slower"
     assert summary["configs"]["a"]["verdict"] == "baseline"
+
+
+def test_the_peak_is_the_best_clean_measurement_and_a_share_above_it_is_no_figure(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    common = importlib.import_module("common")
+    peaks = common.GemmPeaks(["bf16"])
+    peaks.measure()
+    (sample,) = peaks.samples["bf16"]
+    assert sample["gflops"] > 0 and {"steal", "foreign_load", "flagged"} <= sample.keys()
+    # a busy moment's measurement (flagged) is no ceiling, however high: the best clean one is
+    peaks.samples["bf16"] = [{"gflops": 250.0, "flagged": False}, {"gflops": 400.0, "flagged": False},
+                             {"gflops": 150.0, "flagged": True}]
+    assert peaks.peak("bf16") == {"gflops": 400.0, "clean": True, "measurements": 3}
+    assert common.share_text(peaks.arithmetic(300e9, 1.0, "bf16")) == "75% of bf16 peak"
+    over = peaks.arithmetic(600e9, 1.0, "bf16")
+    assert over["share_of_peak"] is None and "measurement error" in common.share_text(over)
+    peaks.samples["bf16"] = [{"gflops": 150.0, "flagged": True}]
+    assert peaks.peak("bf16")["clean"] is False and "no clean measurement" in peaks.text()
 
 
 def test_a_spread_that_crosses_one_is_no_measurable_difference():
@@ -90,4 +110,5 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path):
     figures = result["summary"]["configs"]["default"]
     assert figures["speedup_min"] <= figures["speedup_median"] <= figures["speedup_max"]
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
+    assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
     assert (tmp_path / "reports" / "train_step.png").stat().st_size > 0
