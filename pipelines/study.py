@@ -5,6 +5,10 @@ runs of one MLflow parent run, summarised in reports/study/<study>.md (+ .png, .
   --study lr     Fig. 7: learning-rate scaling none / sqrt(k) / k at batch 4 (k = batch / train.base_batch_size)
   --study speed  Fig. 10-13: improvement factor of the input pipeline (preloaded cache), mixed precision and both
                  over the pix2pix default, per batch size, at 1 and 2 workers (train.devices), and the 2-vs-1 speed-up
+  --study quality  pix2pixHD's multi-scale discriminator and feature matching, and the ResNet generator, each added
+                 to the default and then the best combination, every one trained for the same wall-clock budget
+                 (train.max_minutes) per seed and scored by the evaluate stage: test PSNR, SSIM, identity, images/s,
+                 and a grid of the same test faces from each configuration
 
 Each child runs in its own scratch project (its own checkpoints/, models/, metrics/) on one cache made from
 ./data/ingested by pipelines/preprocess.py with the same overrides, and logs to this project's MLflow store
@@ -14,12 +18,14 @@ commit and never rewrites params.yaml, so a study runs in a working tree that ot
 
 `--preset` and `--set` overrides apply to every child, e.g. the paper's GPU setup: --preset params/paper_gpu.yaml
 --values 1 2 4 8 16 32 64 128 256. `--quick` (params/quick_study.yaml) shrinks everything to a few CPU minutes.
-Usage: python pipelines/study.py --study {batch,lr,speed} [--quick] [--values ...] [--preset FILE] [--set k=v ...]
+Usage: python pipelines/study.py --study {batch,lr,speed,quality} [--quick] [--values ...] [--seeds ...]
+       [--minutes M] [--preset FILE] [--set k=v ...]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -29,12 +35,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
+import torch  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
-from thermal2visible.config import load_params, preset_overrides  # noqa: E402
-from thermal2visible.paths import PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
-from thermal2visible.study import prepare_cache, train_child  # noqa: E402
+from thermal2visible.config import LoaderConfig, load_params, preset_overrides  # noqa: E402
+from thermal2visible.checkpoints import load_generator  # noqa: E402
+from thermal2visible.data.datamodule import PairedDataModule, model_batch  # noqa: E402
+from thermal2visible.models.generator import as_tested  # noqa: E402
+from thermal2visible.paths import GENERATOR, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
+from thermal2visible.study import child_project, evaluate_child, prepare_cache, train_child  # noqa: E402
+from thermal2visible.tracking.figures import image_rows  # noqa: E402
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision  # noqa: E402
 
@@ -43,6 +54,10 @@ LR_RULES = ("none", "sqrt", "linear")
 SPEED_CONFIGS = {"default": (), "input": ("loader.preload=true",), "MP": ("train.precision=16-mixed",),
                  "both": ("loader.preload=true", "train.precision=16-mixed")}
 SPEED_EPOCHS = ("train.max_epochs=3", "train.min_epochs=3", "early_stop.window=1", "early_stop.patience=100")
+# pix2pixHD's own settings: two discriminator scales (its num_D), feature matching at lambda_feat 10
+QUALITY_CHANGES = {"multi-scale D": ("model.discriminator_scales=2",), "feature matching": ("train.lambda_feat=10",),
+                   "ResNet generator": ("model.generator=resnet",)}
+GRID_FACES = 8
 
 
 def markdown(header: list[str], rows: list[list]) -> str:
@@ -68,7 +83,7 @@ def batch_study(run, values: list[int]) -> tuple[str, plt.Figure]:
     right.bar(labels, [c["best_epoch"] for c in children], color="#55a868", width=0.5, label="best epoch")
     right.set(xlabel="batch size", ylabel="epoch", title="Where early stopping ended")
     right.legend()
-    return table, figure
+    return table, {"batch": figure}
 
 
 def lr_study(run, values: list[int]) -> tuple[str, plt.Figure]:
@@ -85,7 +100,7 @@ def lr_study(run, values: list[int]) -> tuple[str, plt.Figure]:
         axes.plot(epochs, child["psnr"], color=line.get_color(), alpha=0.3, linewidth=1)
     axes.set(xlabel="epoch", ylabel="validation PSNR (dB)", title=f"Learning-rate scaling at batch {batch} (Fig. 7)")
     axes.legend()
-    return table, figure
+    return table, {"lr": figure}
 
 
 def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, plt.Figure]:
@@ -120,15 +135,93 @@ def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, plt.Fi
         axis.set_xticks([j + 0.3 for j in range(len(values))], [str(b) for b in values])
         axis.set(xlabel="batch size", ylabel="improvement factor", title=f"{count} worker(s) (Fig. 10)")
         axis.legend()
-    return table, figure
+    return table, {"speed": figure}
+
+
+def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path) -> tuple[str, dict]:
+    """Every configuration trained for `minutes` of wall clock per seed, seeds in turn, the order of the
+    configurations rotated from seed to seed (so none always runs on a fresher machine); then the best combination:
+    the changes that beat the default's mean test PSNR (all of them when fewer than two did)."""
+    budget = [f"train.max_minutes={minutes}", "train.max_epochs=100000"]  # the clock ends a run (or early stopping)
+    configs = {"default": (), **QUALITY_CHANGES}
+    results: dict[str, list[dict]] = {name: [] for name in configs}
+    for turn, seed in enumerate(seeds):
+        names = list(configs)[turn % len(configs):] + list(configs)[:turn % len(configs)]
+        for name in names:
+            results[name].append(run(f"{name} seed {seed}", [*budget, *configs[name], f"train.seed={seed}"]))
+    psnr = {name: [child["eval"]["generator"]["psnr"] for child in children] for name, children in results.items()}
+    winners = [name for name in QUALITY_CHANGES if statistics.mean(psnr[name]) > statistics.mean(psnr["default"])]
+    combined = winners if len(winners) >= 2 else list(QUALITY_CHANGES)
+    configs["best combination"] = tuple(change for name in combined for change in QUALITY_CHANGES[name])
+    results["best combination"] = [run(f"best combination seed {seed}", [*budget, *configs["best combination"],
+                                                                        f"train.seed={seed}"]) for seed in seeds]
+    psnr["best combination"] = [child["eval"]["generator"]["psnr"] for child in results["best combination"]]
+
+    def verdict(name: str) -> str:
+        if name == "default":
+            return "-"
+        wins = sum(mine > theirs for mine, theirs in zip(psnr[name], psnr["default"]))
+        return {len(seeds): "better in every seed", 0: "worse in every seed"}.get(
+            wins, f"better in {wins} of {len(seeds)} seeds")
+
+    def mean(name: str, score) -> str:
+        values = [score(child) for child in results[name]]
+        return "-" if None in values else f"{statistics.mean(values):.3f}"
+    table = markdown(["configuration", "changes", "test PSNR per seed (dB)", "mean PSNR (dB)", "mean SSIM",
+                      "identity (mean)", "epochs in the budget", "images/s", "vs default (PSNR)"],
+                     [[name, " ".join(configs[name]) or "params.yaml", " / ".join(dB(v) for v in psnr[name]),
+                       dB(statistics.mean(psnr[name])), mean(name, lambda c: c["eval"]["generator"]["ssim"]),
+                       mean(name, lambda c: c["eval"]["identity"].get("generator")),
+                       " / ".join(str(c["stopped_epoch"]) for c in results[name]),
+                       f"{statistics.median(c['images_per_s'] for c in results[name]):.1f}", verdict(name)]
+                      for name in configs])
+    identity = results["default"][0]["eval"]["identity"]
+    table += (f"\nSeeds {', '.join(map(str, seeds))}; {minutes} min of training per run (loading, steps and "
+              "validation; early stopping may end a run sooner); best combination = "
+              f"{' + '.join(combined)}. Identity: {identity.get('score') or 'none'} ({identity['why']}).\n")
+    bars, axis = plt.subplots(figsize=(8, 3.8))
+    for x, name in enumerate(configs):
+        axis.bar(x, statistics.mean(psnr[name]), color="#4c72b0" if name == "default" else "#8da0cb")
+        axis.plot([x] * len(psnr[name]), psnr[name], "o", color="black", markersize=4)
+    axis.set_xticks(range(len(configs)), [name.replace(" ", "\n", 1) for name in configs])
+    low = min(min(values) for values in psnr.values())
+    axis.set(ylim=(low - 1, None), ylabel="test PSNR (dB): mean bar, seeds dots",
+             title=f"Quality at equal training time ({minutes} min per run)")
+    return table, {"quality": bars, "quality_grid": faces_grid(results, cache, work)}
+
+
+@torch.inference_mode()
+def faces_grid(results: dict[str, list[dict]], cache: Path, work: Path) -> plt.Figure:
+    """The same first test faces: thermal, each configuration's generator (first seed), real."""
+    data = PairedDataModule(cache, GRID_FACES, LoaderConfig(preload=False))
+    data.setup("test")
+    batch = model_batch(next(iter(data.test_dataloader())))
+    rows, labels = [batch["thermal"]], ["thermal"]
+    for name, children in results.items():
+        generator, payload = load_generator(child_project(work, children[0]["name"]) / GENERATOR)
+        with as_tested(generator, payload["test_mode"]):
+            rows.append(generator(batch["thermal"]))
+        labels.append(f"{name}\n{dB(children[0]['eval']['generator']['psnr'])} dB")
+    rows.append(batch["visible"])
+    labels.append("real")
+    figure, axes = plt.subplots(len(rows), 1, figsize=(1.1 * len(rows[0]) + 1.6, 1.15 * len(rows)))
+    for axis, row, label in zip(axes, rows, labels):
+        axis.imshow(image_rows(row))
+        axis.set_xticks([])
+        axis.set_yticks([])
+        axis.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
+    figure.suptitle("Same test faces, each configuration's first seed", fontsize=9)
+    return figure
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--study", choices=["batch", "lr", "speed"], required=True)
+    parser.add_argument("--study", choices=["batch", "lr", "speed", "quality"], required=True)
     parser.add_argument("--quick", action="store_true", help="small images and short runs: a few CPU minutes")
     parser.add_argument("--values", type=int, nargs="+", help="batch sizes (lr: the one batch size)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="speed study: train.devices values")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="quality study: train.seed values")
+    parser.add_argument("--minutes", type=float, default=2.0, help="quality study: training budget of every run")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="FILE")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -136,7 +229,7 @@ def main() -> None:
     args = parser.parse_args()
     overrides = [*(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()),
                  *(override for preset in args.presets for override in preset_overrides(preset)), *args.overrides]
-    values = args.values or DEFAULT_VALUES[args.study][args.quick]
+    values = args.values or DEFAULT_VALUES[args.study][args.quick] if args.study != "quality" else args.seeds
     params = load_params(args.params, overrides)  # a bad override fails here, before any child starts
     mlflow.set_tracking_uri(absolute_tracking_uri())
     mlflow.set_experiment(params.mlflow.experiment)
@@ -150,6 +243,8 @@ def main() -> None:
         def run(name: str, changes: list[str]) -> dict:
             print(f"study {args.study}: {name} ...", flush=True)
             child = train_child(Path(work), name, cache, args.params, [*overrides, *changes])
+            if args.study == "quality":
+                child["eval"] = evaluate_child(Path(work), name, args.params, [*overrides, *changes])
             client.set_tag(child["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
             client.set_tag(child["mlflow_run_id"], "mlflow.runName", f"{args.study}: {name}")
             metric = name.replace(" ", "_")
@@ -157,28 +252,33 @@ def main() -> None:
                                | ({f"{metric}.best_psnr_smoothed": child["best_psnr_smoothed"]}
                                   if child["best_psnr_smoothed"] is not None else {}))
             print(f"  best smoothed PSNR {dB(child['best_psnr_smoothed'])} dB at epoch {child['best_epoch']}, "
-                  f"stopped at {child['stopped_epoch']}, {child['images_per_s']} images/s, {child['wall_s']} s",
+                  f"stopped at {child['stopped_epoch']}, {child['images_per_s']} images/s, {child['wall_s']} s"
+                  + (f"; test PSNR {dB(child['eval']['generator']['psnr'])} dB" if "eval" in child else ""),
                   flush=True)
             children.append(child)
             return child
 
         if args.study == "batch":
-            table, figure = batch_study(run, values)
+            table, figures = batch_study(run, values)
         elif args.study == "lr":
-            table, figure = lr_study(run, values)
+            table, figures = lr_study(run, values)
+        elif args.study == "speed":
+            table, figures = speed_study(run, values, args.workers)
         else:
-            table, figure = speed_study(run, values, args.workers)
+            table, figures = quality_study(run, args.seeds, args.minutes, cache, Path(work))
         args.out.mkdir(parents=True, exist_ok=True)
         report = args.out / f"{args.study}.md"
         report.write_text(f"# Study: {args.study}\n\nOverrides: `{' '.join(overrides) or 'none'}`; MLflow parent run "
                           f"`{parent.info.run_id}`.\n\n{table}")
-        figure.tight_layout()
-        figure.savefig(args.out / f"{args.study}.png", dpi=110)
+        pictures = [args.out / f"{stem}.png" for stem in figures]
+        for figure, path in zip(figures.values(), pictures):
+            figure.tight_layout()
+            figure.savefig(path, dpi=110)
         (args.out / f"{args.study}.json").write_text(json.dumps(children, indent=1) + "\n")
-        for path in (report, args.out / f"{args.study}.png", args.out / f"{args.study}.json"):
+        for path in (report, *pictures, args.out / f"{args.study}.json"):
             mlflow.log_artifact(str(path))
     print(table)
-    print(f"wrote {report} and {args.out / (args.study + '.png')}")
+    print(f"wrote {report} and {', '.join(map(str, pictures))}")
 
 
 if __name__ == "__main__":

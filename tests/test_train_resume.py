@@ -6,6 +6,7 @@ history, and the very weights of a run that was never interrupted. Which params 
 afresh is tested here too.
 """
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -154,3 +155,15 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, tiny_cache,
     assert 2 <= epochs_in_checkpoint(interrupted) < 6
     assert "continued from checkpoints/last.ckpt" in finish(start(interrupted))
     assert_equal_states(trained_state(interrupted), trained_state(uninterrupted))
+
+
+@pytest.mark.timeout(300)
+def test_a_time_budget_ends_the_run_and_a_resumed_run_spends_only_what_is_left(tmp_path, tiny_cache, write_params):
+    root = project(tmp_path, tiny_cache, write_params, "train.max_minutes=0.05", "train.max_epochs=1000",
+                   "early_stop.patience=1000")
+    finish(start(root))
+    stopped = json.loads((root / "metrics" / "train.json").read_text())["stopped_epoch"]
+    assert 2 <= stopped < 1000  # 3 s of ~0.1 s epochs
+    # The budget's clock is in the checkpoint: run again, and at most the epoch in flight is added, not 3 s more.
+    assert "continued from checkpoints/last.ckpt" in finish(start(root))
+    assert json.loads((root / "metrics" / "train.json").read_text())["stopped_epoch"] - stopped <= 1

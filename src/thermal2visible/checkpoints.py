@@ -60,8 +60,8 @@ WEIGHT_DEFINING = {
     "loader": ("jitter",),
     "model": ("ngf", "ndf", "norm", "dropout"),
     "train": ("batch_size", "base_batch_size", "lr_scaling", "lr_g", "lr_d", "beta1", "beta2", "gan_mode",
-              "lambda_l1", "lambda_id", "lr_decay_epochs", "min_epochs", "max_epochs", "precision", "devices",
-              "num_nodes", "sync_batchnorm", "test_mode", "seed"),
+              "lambda_l1", "lambda_id", "lr_decay_epochs", "min_epochs", "max_epochs", "max_minutes", "precision",
+              "devices", "num_nodes", "sync_batchnorm", "test_mode", "seed"),
     "early_stop": ("window", "patience"),
 }
 NOT_DEFINING = {

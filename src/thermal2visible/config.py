@@ -99,6 +99,7 @@ class TrainConfig:
     lr_decay_epochs: int = 0
     min_epochs: int = 1
     max_epochs: int = 200
+    max_minutes: float = 0.0
     precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = "auto"
     accelerator: str = "auto"
     devices: int = 1
@@ -230,6 +231,8 @@ def _check(params: Params) -> None:
     for key in ("batch_size", "base_batch_size", "devices", "num_nodes", "max_epochs"):
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key}: must be >= 1, got {getattr(t, key)}")
+    if t.max_minutes < 0:
+        raise ConfigError(f"train.max_minutes: {t.max_minutes} must be >= 0 (0: no time limit)")
     if t.min_epochs > t.max_epochs:
         raise ConfigError(f"train.min_epochs: {t.min_epochs} exceeds train.max_epochs {t.max_epochs}")
     world = t.devices * t.num_nodes

@@ -15,7 +15,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.paths import CACHE, INDEX, PIPELINES, PSNR_CSV, RECOGNIZER, TRAIN_METRICS
+from thermal2visible.paths import CACHE, EVAL_METRICS, INDEX, PIPELINES, PSNR_CSV, RECOGNIZER, TRAIN_METRICS
 from thermal2visible.tracking.store import absolute_tracking_uri, training_run_id
 
 def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
@@ -85,3 +85,10 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
         "images_per_s": round(statistics.median(speeds[1:] or speeds), 2),
         "psnr": [float(row["psnr"]) for row in rows],
         "psnr_smoothed": [float(row["psnr_smoothed"]) if row["psnr_smoothed"] else None for row in rows]}
+
+
+def evaluate_child(work: Path, name: str, params: Path, overrides: list[str]) -> dict:
+    """The evaluate stage run in the child's scratch project: its test scores and identity score (eval.json)."""
+    project = child_project(work, name)
+    run_script("evaluate.py", project, params, overrides)
+    return json.loads((project / EVAL_METRICS).read_text())

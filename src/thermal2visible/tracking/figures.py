@@ -24,15 +24,20 @@ def _as_rgb(images: torch.Tensor) -> np.ndarray:
     return quantise(unit.permute(0, 2, 3, 1).numpy(), np.uint8)
 
 
-def comparison_grid(thermal: torch.Tensor, generated: torch.Tensor, real: torch.Tensor, gap: int = 2) -> np.ndarray:
-    """Rows thermal | generated | real, one column per face (as the paper's Fig. 5/6); uint8 RGB."""
-    rows = [_as_rgb(images) for images in (thermal, generated, real)]
-    count, side = rows[0].shape[:2]
-    grid = np.full((3 * side + 2 * gap, count * side + (count - 1) * gap, 3), 255, np.uint8)
-    for r, row in enumerate(rows):
+def image_rows(*rows: torch.Tensor, gap: int = 2) -> np.ndarray:
+    """One row per (B,C,S,S) batch in [-1,1], one column per image, white gaps between; uint8 RGB."""
+    pictures = [_as_rgb(images) for images in rows]
+    count, side = pictures[0].shape[:2]
+    grid = np.full((len(rows) * (side + gap) - gap, count * (side + gap) - gap, 3), 255, np.uint8)
+    for r, row in enumerate(pictures):
         for c, image in enumerate(row):
             grid[r * (side + gap):r * (side + gap) + side, c * (side + gap):c * (side + gap) + side] = image
     return grid
+
+
+def comparison_grid(thermal: torch.Tensor, generated: torch.Tensor, real: torch.Tensor) -> np.ndarray:
+    """Rows thermal | generated | real, one column per face (as the paper's Fig. 5/6); uint8 RGB."""
+    return image_rows(thermal, generated, real)
 
 
 def save_grid(grid: np.ndarray, path: str | Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from datetime import timedelta
 from typing import Sequence
 
 import torch
@@ -110,7 +111,7 @@ def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger
         accelerator=accelerator, devices=train.devices, num_nodes=train.num_nodes,
         strategy=build_strategy(train, accelerator), precision=resolve_precision(train.precision, accelerator),
         sync_batchnorm=train.sync_batchnorm, deterministic=train.deterministic, min_epochs=train.min_epochs,
-        max_epochs=train.max_epochs,
+        max_epochs=train.max_epochs, max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
         callbacks=[*callbacks, RandomStreams(train.seed)], logger=logger, plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
         num_sanity_val_steps=0, enable_model_summary=False, enable_progress_bar=False, log_every_n_steps=1,
