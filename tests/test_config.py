@@ -39,11 +39,30 @@ def test_override_is_parsed_as_yaml():
     ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
     ("serve.max_model_pixels=4000", "serve.max_model_pixels: 4000 is less than one 64x64 training square"),
     ("train", "expected section.key=value"),
+    ("model.generator=vae", "model.generator: 'vae' is not one of"),
+    ("model.discriminator_scales=4", "model.discriminator_scales: 4 is not one of"),
+    ("train.lambda_feat=-1", "train.lambda_feat: -1.0 must be >= 0"),
 ])
 def test_bad_values_name_their_key(override, named):
     overrides = [override] if override != "train.batch_size=3" else [override, "train.devices=2"]
     with pytest.raises(ConfigError, match=named.replace("[", r"\[")):
         load_params(REPO_PARAMS, overrides)
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (["preprocess.image_size=48"], "preprocess.image_size: 48 must be a power of two >= 16 (the U-Net"),
+    (["preprocess.image_size=48", "model.generator=resnet"], None),
+    (["preprocess.image_size=50", "model.generator=resnet"], "preprocess.image_size: 50 must be a multiple of 4"),
+    (["preprocess.image_size=32", "model.discriminator_scales=2"], None),
+    (["preprocess.image_size=32", "model.discriminator_scales=3"],
+     "model.discriminator_scales: 3 scales of a 32 px image .* coarsest at 8 px, under the 16 px"),
+])
+def test_the_generator_and_discriminator_scales_fit_the_image_size(overrides, refusal):
+    if refusal is None:
+        load_params(REPO_PARAMS, overrides)
+    else:
+        with pytest.raises(ConfigError, match=refusal.replace("(", r"\(")):
+            load_params(REPO_PARAMS, overrides)
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -3,6 +3,7 @@
 Lightning's DDP launcher re-runs the current script for every other rank, so the step-equivalence worker is this
 file run as a script (`python tests/test_ddp.py DEVICES OUT`), and the pipeline test runs pipelines/train.py.
 """
+import dataclasses
 import json
 import os
 import re
@@ -29,6 +30,9 @@ GLOBAL_BATCH, STEPS, SIZE = 8, 2, 16
 # No norm and no dropout: nothing in a sample's gradient depends on which process holds it. (Instance norm would
 # do too, but it leaves the biases before it with zero gradient, whose rounding noise Adam blows up to +-lr.)
 TINY = ModelConfig(ngf=8, ndf=8, norm="none", dropout=0.0)
+# The same with pix2pixHD's options: the ResNet generator, a 2-scale D and feature matching.
+OPTIONS = {"pix2pix": (TINY, {}),
+           "pix2pixHD": (dataclasses.replace(TINY, generator="resnet", discriminator_scales=2), {"lambda_feat": 10.0})}
 
 
 def clean_env() -> dict[str, str]:
@@ -49,12 +53,13 @@ class UnshuffledShards(LightningDataModule):
         return DataLoader(self.samples, batch_size=self.batch_size, sampler=shard)
 
 
-def train_steps(devices: int, out: Path) -> None:
+def train_steps(devices: int, out: Path, options: str) -> None:
     """STEPS steps of a tiny Pix2Pix on a fixed, unshuffled set; rank 0 saves the weights to `out`."""
     torch.manual_seed(0)
+    model, changes = OPTIONS[options]
     train = TrainConfig(batch_size=GLOBAL_BATCH, devices=devices, accelerator="cpu", precision="32-true",
-                        channels_last=False, fused_adam=False, max_epochs=1)
-    module = Pix2Pix(TINY, train, SIZE, 1, 3)
+                        channels_last=False, fused_adam=False, max_epochs=1, **changes)
+    module = Pix2Pix(model, train, SIZE, 1, 3)
     generator = torch.Generator().manual_seed(1)
     samples = [{"thermal": torch.rand(1, SIZE, SIZE, generator=generator) * 2 - 1,
                 "visible": torch.rand(3, SIZE, SIZE, generator=generator) * 2 - 1,
@@ -65,16 +70,17 @@ def train_steps(devices: int, out: Path) -> None:
         torch.save(module.state_dict(), out)
 
 
-def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("options", sorted(OPTIONS))
+def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_path, options):
     weights = {}
     for devices in (1, 2):
         out = tmp_path / f"devices{devices}.pt"
-        result = subprocess.run([sys.executable, __file__, str(devices), str(out)], cwd=REPO, env=clean_env(),
-                                capture_output=True, text=True, timeout=240)
+        result = subprocess.run([sys.executable, __file__, str(devices), str(out), options], cwd=REPO,
+                                env=clean_env(), capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, result.stdout + result.stderr
         weights[devices] = torch.load(out, weights_only=True)
     torch.manual_seed(0)
-    initial = Pix2Pix(TINY, TrainConfig(batch_size=GLOBAL_BATCH), SIZE, 1, 3).state_dict()
+    initial = Pix2Pix(OPTIONS[options][0], TrainConfig(batch_size=GLOBAL_BATCH), SIZE, 1, 3).state_dict()
     moved = [name for name in initial if not torch.equal(initial[name], weights[1][name])]
     assert any(name.startswith("generator.") for name in moved) and any(n.startswith("discriminator.") for n in moved)
     for name, value in weights[1].items():
@@ -185,4 +191,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "ranks":
         train_ranks(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
-        train_steps(int(sys.argv[1]), Path(sys.argv[2]))
+        train_steps(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])

@@ -1,13 +1,17 @@
 """The networks: the paper's exact sizes, depth from the image size, norms, dropout, init, recomputation, saving."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
+from thermal2visible.models.discriminator import (MultiScaleDiscriminator, PatchDiscriminator, layer_outputs,
+                                                  patch_layers)
 from thermal2visible.checkpoints import load_generator, save_generator
 from thermal2visible.models.generator import UNetGenerator, as_tested
+from thermal2visible.models.networks import GENERATORS
 from thermal2visible.models.recognizer import IdentityRecognizer, load_recognizer
+from thermal2visible.models.resnet import ResidualBlock, ResnetGenerator
 
 
 def count(model: nn.Module) -> int:
@@ -41,11 +45,89 @@ def test_discriminator_leaves_a_patch_map_on_small_images(size):
     assert logits.shape[:2] == (2, 1) and min(logits.shape[2:]) >= 2
 
 
+def test_resnet_9blocks_sizes_at_256_pixels():
+    """The public code's resnet_9blocks: 11,378,179 parameters with its CycleGAN default (instance norm without
+    affine weights, so the convolutions keep their biases); with batch norm, the scales and shifts replace them."""
+    assert count(ResnetGenerator(3, 3, 256, ngf=64, norm="instance")) == 11_378_179
+    generator = ResnetGenerator(3, 3, 256, ngf=64, norm="batch")
+    assert count(generator) == 11_383_427
+    assert sum(isinstance(m, ResidualBlock) for m in generator.modules()) == 9
+
+
+@pytest.mark.parametrize("rows, cols", [(16, 16), (32, 32), (48, 48), (32, 64)])
+@pytest.mark.parametrize("thermal_channels", [1, 3])
+def test_resnet_output_has_the_input_size_and_the_tanh_range(rows, cols, thermal_channels):
+    generator = ResnetGenerator(thermal_channels, 3, 48, ngf=4).eval()
+    with torch.no_grad():
+        out = generator(torch.rand(2, thermal_channels, rows, cols) * 2 - 1)
+    assert out.shape == (2, 3, rows, cols)  # any multiple of 4: the same network at every size
+    assert out.abs().max() <= 1
+
+
+def test_resnet_dropout_sits_between_the_two_convolutions_of_every_block():
+    """The public code's use_dropout, at model.dropout's rate; batch norm means no convolution bias before it."""
+    for dropout in (0.0, 0.5):
+        generator = ResnetGenerator(1, 3, 32, ngf=4, dropout=dropout)
+        for block in (m for m in generator.modules() if isinstance(m, ResidualBlock)):
+            kinds = [type(layer) for layer in block.layers]
+            assert (nn.Dropout in kinds) == (dropout > 0)
+            if dropout:
+                assert kinds.index(nn.Dropout) == kinds.index(nn.ReLU) + 1 < kinds.index(nn.Conv2d, 2)
+    assert all(conv.bias is None for conv in generator.stages[:-1].modules() if isinstance(conv, nn.Conv2d))
+    assert all(conv.bias is not None for conv in ResnetGenerator(1, 3, 32, ngf=4, norm="instance").modules()
+               if isinstance(conv, (nn.Conv2d, nn.ConvTranspose2d)))
+
+
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         UNetGenerator(1, 3, 48)
     with pytest.raises(ValueError, match="1 or 3 channels"):
         UNetGenerator(2, 3, 32)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        ResnetGenerator(1, 3, 50)
+    with pytest.raises(ValueError, match="1 or 3 channels"):
+        ResnetGenerator(2, 3, 32)
+
+
+def test_one_discriminator_scale_is_the_pix2pix_patchgan():
+    """model.discriminator_scales: 1 has the PatchGAN's weight names and initial weights (same seed), so runs and
+    checkpoints from before the option are unchanged; its last output is the PatchGAN's logits map."""
+    torch.manual_seed(0)
+    single = PatchDiscriminator(4, ndf=8, n_layers=patch_layers(32))
+    torch.manual_seed(0)
+    multi = MultiScaleDiscriminator(4, 8, "batch", 32, scales=1)
+    assert list(single.state_dict()) == list(multi.state_dict())
+    assert all(torch.equal(value, multi.state_dict()[name]) for name, value in single.state_dict().items())
+    thermal, visible = torch.rand(2, 1, 32, 32), torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        judged = multi(thermal, visible)
+        assert len(judged) == 1 and torch.equal(judged[0][-1], single(thermal, visible))
+    assert len(judged[0]) == patch_layers(32) + 2  # n_layers + 1 feature maps, then the logits
+
+
+@pytest.mark.parametrize("scales, maps", [(1, [6]), (2, [6, 2]), (3, [6, 2, 2])])
+def test_multi_scale_discriminator_output_shapes(scales, maps):
+    """The documented shapes at 64 px, ndf 32: the 64, 32 and 16 px scales with 3, 3 and 2 patch layers."""
+    discriminator = MultiScaleDiscriminator(4, 32, "batch", 64, scales)
+    with torch.no_grad():
+        judged = discriminator(torch.rand(2, 1, 64, 64), torch.rand(2, 3, 64, 64))
+    assert [outputs[-1].shape for outputs in judged] == [(2, 1, side, side) for side in maps]
+    assert [len(outputs) - 1 for outputs in judged] == [4, 4, 3][:scales]  # feature maps: n_layers + 1
+    names = {name.split(".")[0] for name in discriminator.state_dict()}
+    assert names == ({"layers", "coarser"} if scales > 1 else {"layers"})
+
+
+def test_coarser_scales_see_the_pair_average_pooled_with_weights_of_their_own():
+    discriminator = MultiScaleDiscriminator(4, 4, "none", 32, scales=3)
+    thermal, visible = torch.rand(1, 1, 32, 32), torch.rand(1, 3, 32, 32)
+    pair = torch.cat([thermal, visible], dim=1)
+    with torch.no_grad():
+        judged = discriminator(thermal, visible)
+        for scale, layers in enumerate(discriminator.coarser, start=1):
+            pair = F.avg_pool2d(pair, 3, stride=2, padding=1, count_include_pad=False)
+            assert all(torch.equal(a, b) for a, b in zip(judged[scale], layer_outputs(layers, pair), strict=True))
+    first = [layers[0].weight for layers in (discriminator.layers, *discriminator.coarser)]
+    assert first[0].shape == first[1].shape and not torch.equal(first[0], first[1])
 
 
 @pytest.mark.parametrize("norm, layer", [("batch", nn.BatchNorm2d), ("instance", nn.InstanceNorm2d), ("none", None)])
@@ -78,10 +160,11 @@ def test_pix2pix_initialisation():
     assert scales.mean().item() == pytest.approx(1.0, abs=0.01) and scales.std().item() == pytest.approx(0.02, rel=0.2)
 
 
-def test_recomputation_gives_the_same_outputs_gradients_and_statistics():
+@pytest.mark.parametrize("kind", sorted(GENERATORS))
+def test_recomputation_gives_the_same_outputs_gradients_and_statistics(kind):
     torch.manual_seed(0)
-    plain = UNetGenerator(1, 3, 32, ngf=4, dropout=0.5)
-    recomputed = UNetGenerator(1, 3, 32, ngf=4, dropout=0.5, recompute=True)
+    plain = GENERATORS[kind](1, 3, 32, ngf=4, dropout=0.5)
+    recomputed = GENERATORS[kind](1, 3, 32, ngf=4, dropout=0.5, recompute=True)
     recomputed.load_state_dict(plain.state_dict())
     x = torch.rand(2, 1, 32, 32)
     results, statistics = [], []
@@ -93,24 +176,38 @@ def test_recomputation_gives_the_same_outputs_gradients_and_statistics():
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
     # model.recompute is not weight-defining: the recomputed forward must not update batch norm a second time
-    assert statistics[1]["encoder.1.2.num_batches_tracked"].item() == 1
+    assert {value.item() for name, value in statistics[1].items() if name.endswith("num_batches_tracked")} == {1}
     for name, value in statistics[0].items():
         assert torch.equal(value, statistics[1][name]), name
 
 
-def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path):
-    generator = UNetGenerator(1, 3, 32, ngf=4, norm="instance").train()
+@pytest.mark.parametrize("kind", sorted(GENERATORS))
+def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path, kind):
+    generator = GENERATORS[kind](1, 3, 32, ngf=4, norm="instance").train()
     generator.to(memory_format=torch.channels_last)
     path = tmp_path / "models" / "generator.pt"
     save_generator(generator, path, test_mode="eval", epoch=7, psnr=21.5, psnr_smoothed=20.0, fingerprint=None,
                    preprocess={"image_size": 32}, data_hash="abc")
     loaded, payload = load_generator(path)
-    assert not loaded.training
-    assert payload["epoch"] == 7 and payload["model"] == generator.config and payload["test_mode"] == "eval"
+    assert not loaded.training and type(loaded) is type(generator)
+    assert payload["epoch"] == 7 and payload["model"] == {"generator": kind, **generator.config}
+    assert payload["test_mode"] == "eval"
     assert payload["preprocess"] == {"image_size": 32} and payload["data_hash"] == "abc"
     x = torch.rand(1, 1, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), generator.eval()(x))
+
+
+def test_a_payload_from_before_the_generator_choice_loads_as_the_unet(tmp_path):
+    generator = UNetGenerator(1, 3, 32, ngf=4)
+    torch.save({"state_dict": generator.state_dict(), "model": generator.config, "test_mode": "eval"},
+               tmp_path / "old.pt")
+    loaded, _ = load_generator(tmp_path / "old.pt")
+    assert type(loaded) is UNetGenerator
+    torch.save({"state_dict": generator.state_dict(), "model": {"generator": "vae", **generator.config}},
+               tmp_path / "unknown.pt")
+    with pytest.raises(PipelineError, match="unknown.pt: not a generator.*'vae'"):
+        load_generator(tmp_path / "unknown.pt")
 
 
 def test_load_generator_errors_name_the_file(tmp_path):
@@ -133,12 +230,13 @@ def test_recognizer_loads_frozen_for_the_same_identities(tmp_path):
         load_recognizer(path, ["a", "b"])
 
 
-def test_train_test_mode_is_per_image_with_dropout_and_leaves_the_generator_as_it_was():
+@pytest.mark.parametrize("kind", sorted(GENERATORS))
+def test_train_test_mode_is_per_image_with_dropout_and_leaves_the_generator_as_it_was(kind):
     """pix2pix's test mode: each image normalised by its own statistics, dropout on; running statistics untouched
     and the result of an image independent of its batch."""
     x = torch.rand(3, 1, 32, 32)
     for dropout in (0.0, 0.5):
-        generator = UNetGenerator(1, 3, 32, ngf=4, dropout=dropout)
+        generator = GENERATORS[kind](1, 3, 32, ngf=4, dropout=dropout)
         with torch.no_grad():
             for _ in range(3):
                 generator(torch.rand(4, 1, 32, 32))  # running statistics away from their initial values

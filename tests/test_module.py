@@ -13,7 +13,10 @@ from thermal2visible.errors import ConfigError
 from thermal2visible.config import ModelConfig, Params, TrainConfig
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.training.module import Pix2Pix, TrainingDiverged, gan_loss, linear_decay, scaled_lr
+from thermal2visible.models.discriminator import MultiScaleDiscriminator
+from thermal2visible.training.module import (Pix2Pix, TrainingDiverged, adversarial_loss, feature_matching, gan_loss,
+                                             linear_decay, scaled_lr)
+from thermal2visible import checkpoints
 from thermal2visible.checkpoints import NOT_DEFINING, STAMP, WEIGHT_DEFINING, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
 from thermal2visible.training.precision import resolve_precision
@@ -29,15 +32,15 @@ def tiny_train(**changes) -> TrainConfig:
     return TrainConfig(**(settings | changes))
 
 
-def loader(count=4, batch_size=2, poison=()):
+def loader(count=4, batch_size=2, poison=(), size=SIZE):
     """Random pairs as PairedDataModule batches look; samples in `poison` get a NaN thermal image."""
     generator = torch.Generator().manual_seed(0)
     samples = []
     for i in range(count):
-        thermal = torch.rand(1, SIZE, SIZE, generator=generator) * 2 - 1
+        thermal = torch.rand(1, size, size, generator=generator) * 2 - 1
         if i in poison:
             thermal[0, 0, 0] = math.nan
-        samples.append({"thermal": thermal, "visible": torch.rand(3, SIZE, SIZE, generator=generator) * 2 - 1,
+        samples.append({"thermal": thermal, "visible": torch.rand(3, size, size, generator=generator) * 2 - 1,
                         "identity": torch.tensor(i % 2)})
     return DataLoader(samples, batch_size=batch_size)
 
@@ -68,6 +71,42 @@ def test_patch_mean_of_shards_is_the_mean_of_the_global_batch(mode):
     assert shards.item() == pytest.approx(whole.item(), rel=1e-6)
     per_patch = gan_loss(logits.reshape(-1, 1, 1, 1)[:1], True, mode)  # one patch alone
     assert per_patch.item() != pytest.approx(whole.item())
+
+
+def test_the_gan_loss_is_the_mean_of_the_scales_losses():
+    """pix2pixHD averages the scales' losses: a 2x2 map counts as much as a 6x6 one (not its 4 patches' share)."""
+    fine, coarse = torch.randn(2, 1, 6, 6), torch.randn(2, 1, 2, 2)
+    judged = [[torch.randn(2, 8, 6, 6), fine], [torch.randn(2, 8, 2, 2), coarse]]
+    for mode in ("vanilla", "lsgan"):
+        for real in (True, False):
+            expected = (gan_loss(fine, real, mode) + gan_loss(coarse, real, mode)) / 2
+            assert adversarial_loss(judged, real, mode).item() == pytest.approx(expected.item(), rel=1e-6)
+            assert adversarial_loss(judged[:1], real, mode).item() == gan_loss(fine, real, mode).item()
+
+
+def test_feature_matching_uses_pix2pixhd_weights():
+    """Per scale 1/scales, per feature layer 4/(n_layers + 1) (the scale's feature count); the logits are left out."""
+    def judged(offsets: list[list[float]]) -> list[list[torch.Tensor]]:
+        return [[torch.full((2, 3, 4, 4), value) for value in scale] for scale in offsets]
+    real = judged([[0.0] * 5, [0.0] * 4])
+    fake = judged([[1.0, 2.0, 3.0, 4.0, 100.0], [1.0, 1.0, 1.0, 100.0]])  # the 100s are the logits
+    expected = 0.5 * (4 / 4 * (1 + 2 + 3 + 4)) + 0.5 * (4 / 3 * (1 + 1 + 1))
+    assert feature_matching(fake, real).item() == pytest.approx(expected)
+    assert feature_matching(real, real).item() == 0
+
+
+@pytest.mark.parametrize("scales", [1, 2, 3])
+def test_feature_matching_is_zero_exactly_on_identical_pairs(scales):
+    discriminator = MultiScaleDiscriminator(4, 4, "batch", 64, scales)
+    thermal = torch.rand(2, 1, 64, 64)
+    real = (torch.rand(2, 3, 64, 64) * 2 - 1).requires_grad_()
+    fake = (real.detach() + 0.1 * torch.randn_like(real)).requires_grad_()
+    judged_real = discriminator(thermal, real)
+    assert feature_matching(discriminator(thermal, real.detach().clone()), judged_real).item() == 0
+    loss = feature_matching(discriminator(thermal, fake), judged_real)
+    loss.backward()
+    assert loss.item() > 0 and fake.grad.abs().sum() > 0
+    assert real.grad is None  # the real pair's features are targets: no gradient through them
 
 
 def test_learning_rate_scaling_rules():
@@ -219,8 +258,8 @@ class PoisonedGeneratorStep(Pix2Pix):
 
     poison: str
 
-    def generator_losses(self, thermal, real, fake, batch):
-        losses = super().generator_losses(thermal, real, fake, batch)
+    def generator_losses(self, *args):
+        losses = super().generator_losses(*args)
         if self.bad_steps == 0 and self.poison == "loss":
             losses["loss_g"] = losses["loss_g"] * math.nan
         if self.bad_steps == 0 and self.poison == "gradient":
@@ -248,8 +287,8 @@ class PoisonedThirdStep(Pix2Pix):
             self.adam_before = {key: [value.clone() for value in state.values()]
                                 for key, state in self.optimizers()[1].optimizer.state_dict()["state"].items()}
 
-    def generator_losses(self, thermal, real, fake, batch):
-        losses = super().generator_losses(thermal, real, fake, batch)
+    def generator_losses(self, *args):
+        losses = super().generator_losses(*args)
         if self.trainer.fit_loop.epoch_loop.batch_idx == 2:
             losses["loss_g"] = losses["loss_g"] * math.nan
         return losses
@@ -278,6 +317,62 @@ def test_identity_loss_uses_a_frozen_recognizer():
     assert trainer.callback_metrics["loss_id"].item() > 0
     with pytest.raises(ValueError, match="lambda_id"):
         Pix2Pix(TINY_MODEL, tiny_train(lambda_id=1.0), SIZE, 1, 3)
+
+
+PIX2PIXHD = ModelConfig(generator="resnet", ngf=4, ndf=4, norm="batch", dropout=0.5, discriminator_scales=2)
+
+
+def test_resnet_with_multi_scale_d_and_feature_matching_trains_in_bf16_with_channels_last():
+    train = tiny_train(precision="bf16-mixed", channels_last=True, lambda_feat=10.0)
+    module = Pix2Pix(PIX2PIXHD, train, 32, 1, 3)
+    before = weights(module)
+    trainer = build_trainer(train)
+    trainer.fit(module, train_dataloaders=loader(size=32))
+    assert trainer.precision == "bf16-mixed" and module.bad_steps == 0
+    losses = {name: trainer.callback_metrics[name].item() for name in ("loss_d", "loss_g", "loss_gan", "loss_feat")}
+    assert all(math.isfinite(value) for value in losses.values()) and losses["loss_feat"] > 0, losses
+    moved = {name.split(".")[1] for name, value in weights(module).items() if not torch.equal(value, before[name])}
+    assert moved >= {"stages", "layers", "coarser"}  # the ResNet, D's full and half scale
+
+
+class Echo(torch.nn.Module):
+    """A "generator" whose output is its input exactly: generated pairs equal real ones when visible = thermal."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, thermal):
+        return thermal + 0 * self.unused
+
+
+def test_feature_matching_of_a_perfect_generator_is_zero():
+    """The real pair's features come from the D that judges the generated pair (under alternating, the updated
+    one), so a generated pair equal to the real one matches exactly."""
+    module = Pix2Pix(TINY_MODEL, tiny_train(lambda_feat=1.0), SIZE, 3, 3)
+    module.generator = Echo()
+    pairs = [{"thermal": image, "visible": image.clone(), "identity": torch.tensor(0)}
+             for image in torch.rand(4, 3, SIZE, SIZE) * 2 - 1]
+    trainer = build_trainer(tiny_train(lambda_feat=1.0))
+    trainer.fit(module, train_dataloaders=DataLoader(pairs, batch_size=2))
+    assert trainer.callback_metrics["loss_feat"].item() == 0 and trainer.callback_metrics["loss_l1"].item() == 0
+
+
+class CountedForwards(Pix2Pix):
+    """Counts the discriminator's forwards, through its DDP wrapper or not (a hook on the module itself)."""
+
+    def setup(self, stage):
+        self.forwards = 0
+        self.discriminator.register_forward_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
+
+
+@pytest.mark.parametrize("lambda_feat, forwards", [(0.0, 3), (1.0, 4)])
+def test_discriminator_forwards_per_step(lambda_feat, forwards):
+    """The D step's real and generated pairs, then the generated pair again for G's loss against the updated D;
+    feature matching adds the real pair through that updated D."""
+    module = CountedForwards(TINY_MODEL, tiny_train(lambda_feat=lambda_feat), SIZE, 1, 3)
+    build_trainer(tiny_train(), limit_train_batches=2).fit(module, train_dataloaders=loader())
+    assert module.forwards == 2 * forwards
 
 
 def test_learning_rates_decay_linearly_at_the_end():
@@ -314,6 +409,21 @@ def test_run_fingerprint_changes_with_what_defines_the_weights_and_nothing_else(
             other = dataclasses.replace(base, **{section: changed(getattr(base, section), key)})
             assert (run_fingerprint(other, "data-md5") != same) == (key in WEIGHT_DEFINING[section]), key
     assert run_fingerprint(base, "other-data") != same and run_fingerprint(base, "data-md5", "recognizer") != same
+
+
+def test_keys_added_later_keep_the_fingerprint_of_runs_from_before_them(monkeypatch):
+    """At the value every run had before the key existed, a new weight-defining key leaves the fingerprint as it
+    was, so a run begun before the upgrade continues from its last.ckpt."""
+    base = Params()
+    now = run_fingerprint(base, "data-md5")
+    before = {section: tuple(key for key in keys if (section, key) not in checkpoints.ADDED_LATER)
+              for section, keys in WEIGHT_DEFINING.items()}
+    for (section, key), value in checkpoints.ADDED_LATER.items():
+        assert getattr(getattr(base, section), key) == value, f"{section}.{key}"
+        assert key in WEIGHT_DEFINING[section]
+    monkeypatch.setattr(checkpoints, "WEIGHT_DEFINING", before)
+    monkeypatch.setattr(checkpoints, "ADDED_LATER", {})
+    assert run_fingerprint(base, "data-md5") == now
 
 
 def test_run_fingerprint_hashes_what_precision_auto_means_on_the_machine(monkeypatch):

@@ -198,6 +198,29 @@ def test_translate_cli_with_the_registered_champion(url, tracking_uri, tmp_path)
     assert (tmp_path / "out" / "frame.png").read_bytes() == base64.b64decode(served)
 
 
+@pytest.mark.timeout(400)
+def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_cache, write_params):
+    """model.generator: resnet with a 2-scale D and feature matching through the real stages: train, export (ONNX
+    parity on the test images), then a REST request."""
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "cache").symlink_to(tiny_cache)
+    write_params(project, "model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10",
+                 "early_stop.window=1")
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    for stage in ("train.py", "export.py"):
+        done = subprocess.run([sys.executable, str(ROOT / "pipelines" / stage)], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
+    arguments = pyfunc_arguments(project / "models" / "generator.onnx", MAX_PIXELS, MAX_MODEL_PIXELS)
+    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
+    with model_server(str(tmp_path / "pyfunc"), tmp_path / "serve") as base:
+        response = invoke(base, {"inputs": {IMAGE: FRAMES[:1]}})
+    assert response.status_code == 200, response.text
+    assert decoded(response.json()["predictions"][0][IMAGE]).shape == (*SIZES[0], 3)
+
+
 def test_a_fault_in_the_model_is_a_500_without_traceback(tmp_path, tiny_cache):
     """An .onnx whose metadata disagrees with its graph (preprocess resizes to 16 px, the graph wants 32 px)."""
     model = onnx.load(export_tiny(tmp_path, tiny_cache))

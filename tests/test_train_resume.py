@@ -145,6 +145,8 @@ def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, 
 @pytest.mark.parametrize("overrides", [
     pytest.param(("loader.num_workers=1", "loader.preload=false"), id="crops drawn in loader workers"),
     pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
+    pytest.param(("model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10"),
+                 id="ResNet generator, 2-scale D, feature matching"),
 ])
 def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, tiny_cache, write_params, overrides):
     settings = ("train.max_epochs=6", *overrides)

@@ -13,16 +13,17 @@ import torch
 
 from thermal2visible.export import cache_to_model_input, export_generator
 from thermal2visible.checkpoints import load_generator, save_generator
-from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.models.networks import build_generator
 from thermal2visible.tracking.store import data_hash
 
 
-def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8) -> Path:
+def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, kind: str = "unet") -> Path:
     manifest = json.loads((cache / "manifest.json").read_text())
-    model = {"in_channels": manifest["thermal_channels"], "out_channels": manifest["visible_channels"],
-             "image_size": manifest["image_size"], "ngf": ngf, "norm": "batch", "dropout": 0.5}
+    model = {"generator": kind, "in_channels": manifest["thermal_channels"],
+             "out_channels": manifest["visible_channels"], "image_size": manifest["image_size"], "ngf": ngf,
+             "norm": "batch", "dropout": 0.5}
     torch.manual_seed(seed)
-    generator = UNetGenerator(**model).train()
+    generator = build_generator(model).train()
     with torch.no_grad():
         for batch in np.array_split(cache_to_model_input(np.load(cache / "train_thermal.npy")), 2):
             generator(torch.from_numpy(batch))

@@ -22,7 +22,8 @@ The protocol:
      holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
 
 The generator payload (`save_generator` / `load_generator`) is the one format evaluate and export read (translate
-and serving run its ONNX export): {"state_dict", "model" (UNetGenerator's arguments), "test_mode", + metadata:
+and serving run its ONNX export): {"state_dict", "model" (models.networks.saved_config: which generator and its
+arguments; a payload from before model.generator has no `generator` and is a U-Net), "test_mode", + metadata:
 epoch, psnr, psnr_smoothed, preprocess (the cache's), fingerprint (the run's), data_hash}.
 """
 from __future__ import annotations
@@ -41,10 +42,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
+from torch import nn
 
 from thermal2visible.config import Params
 from thermal2visible.errors import PipelineError
-from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.models.networks import build_generator, saved_config
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
@@ -58,12 +60,16 @@ WEIGHT_DEFINING = {
                    "temperature_range", "split_by", "val_fraction", "test_fraction", "seed", "jitter_scale", "align",
                    "align_max_residual"),
     "loader": ("jitter",),
-    "model": ("ngf", "ndf", "norm", "dropout"),
+    "model": ("generator", "ngf", "ndf", "norm", "dropout", "discriminator_scales"),
     "train": ("batch_size", "base_batch_size", "lr_scaling", "lr_g", "lr_d", "beta1", "beta2", "gan_mode",
-              "lambda_l1", "lambda_id", "lr_decay_epochs", "min_epochs", "max_epochs", "max_minutes", "precision",
-              "devices", "num_nodes", "sync_batchnorm", "test_mode", "seed"),
+              "lambda_l1", "lambda_id", "lambda_feat", "lr_decay_epochs", "min_epochs", "max_epochs", "max_minutes",
+              "precision", "devices", "num_nodes", "sync_batchnorm", "test_mode", "seed"),
     "early_stop": ("window", "patience"),
 }
+# Weight-defining keys added after runs were stamped, with the value those runs were trained with: hashed only when
+# set to another value, so a run begun before the key existed keeps its fingerprint and its last.ckpt continues.
+ADDED_LATER = {("model", "generator"): "unet", ("model", "discriminator_scales"): 1, ("train", "lambda_feat"): 0.0,
+               ("train", "max_minutes"): 0.0}
 NOT_DEFINING = {
     "preprocess": (),
     "loader": ("num_workers", "pin_memory", "preload"),
@@ -98,6 +104,9 @@ def run_fingerprint(params: Params, data_hash: str, recognizer_hash: str | None 
     # precision (bf16-mixed with bf16 instructions, 32-true without, 16-mixed on a GPU) starts afresh.
     defining["train"]["precision"] = resolve_precision(params.train.precision,
                                                        resolve_accelerator(params.train.accelerator))
+    for (section, key), before in ADDED_LATER.items():
+        if defining[section][key] == before:
+            del defining[section][key]
     defining |= {"data": data_hash, "recognizer": recognizer_hash}
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -201,13 +210,13 @@ def find_resume(directory: Path, fingerprint: str, mode: str,
     return None, None
 
 
-def save_generator(generator: UNetGenerator, path: str | Path, test_mode: str, **metadata) -> None:
-    """The generator payload: weights, the arguments that rebuild it, the mode it is tested in, `metadata`."""
+def save_generator(generator: nn.Module, path: str | Path, test_mode: str, **metadata) -> None:
+    """The generator payload: weights, what rebuilds it, the mode it is tested in, `metadata`."""
     state = {name: value.detach().cpu().contiguous() for name, value in generator.state_dict().items()}
-    atomic_save({"state_dict": state, "model": dict(generator.config), "test_mode": test_mode, **metadata}, path)
+    atomic_save({"state_dict": state, "model": saved_config(generator), "test_mode": test_mode, **metadata}, path)
 
 
-def load_generator(path: str | Path) -> tuple[UNetGenerator, dict]:
+def load_generator(path: str | Path) -> tuple[nn.Module, dict]:
     """The generator of a payload (eval mode) and the whole payload; run it under
     `models.generator.as_tested(generator, payload["test_mode"])`, as validation did."""
     path = Path(path)
@@ -215,9 +224,9 @@ def load_generator(path: str | Path) -> tuple[UNetGenerator, dict]:
         raise PipelineError(f"{path}: no trained generator here (run the train stage first)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        generator = UNetGenerator(**payload["model"])
+        generator = build_generator(payload["model"])
         generator.load_state_dict(payload["state_dict"])
         payload.setdefault("test_mode", "eval")  # payloads from before train.test_mode were all tested in eval
-    except (KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+    except (KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
     return generator.eval(), payload

@@ -68,8 +68,10 @@ class LoaderConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    generator: Literal["unet", "resnet"] = "unet"
     ngf: int = 32
     ndf: int = 32
+    discriminator_scales: int = 1
     norm: Literal["batch", "instance", "none"] = "batch"
     dropout: float = 0.5
     recompute: bool = False
@@ -96,6 +98,7 @@ class TrainConfig:
     gan_mode: Literal["vanilla", "lsgan"] = "vanilla"
     lambda_l1: float = 100.0
     lambda_id: float = 0.0
+    lambda_feat: float = 0.0
     lr_decay_epochs: int = 0
     min_epochs: int = 1
     max_epochs: int = 200
@@ -216,9 +219,19 @@ def _build(cls: type, raw: object, section: str):
 
 def _check(params: Params) -> None:
     """Rules that span more than one value."""
-    size = params.preprocess.image_size
-    if size < 16 or size & (size - 1):
-        raise ConfigError(f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1)")
+    size, m = params.preprocess.image_size, params.model
+    if m.generator == "unet" and (size < 16 or size & (size - 1)):
+        raise ConfigError(f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1; "
+                          "model.generator: resnet takes any multiple of 4)")
+    if m.generator == "resnet" and (size < 16 or size % 4):
+        raise ConfigError(f"preprocess.image_size: {size} must be a multiple of 4 >= 16 for model.generator: resnet "
+                          "(it halves the image twice and doubles it back)")
+    if m.discriminator_scales not in (1, 2, 3):
+        raise ConfigError(f"model.discriminator_scales: {m.discriminator_scales} is not one of [1, 2, 3]")
+    if size >> (m.discriminator_scales - 1) < 16:
+        raise ConfigError(f"model.discriminator_scales: {m.discriminator_scales} scales of a {size} px image "
+                          f"(preprocess.image_size) leave the coarsest at {size >> (m.discriminator_scales - 1)} px, "
+                          "under the 16 px a PatchGAN needs")
     p = params.preprocess
     if not 0 <= p.val_fraction < 1 or not 0 <= p.test_fraction < 1 or p.val_fraction + p.test_fraction >= 1:
         raise ConfigError("preprocess.val_fraction/test_fraction: each in [0, 1) and their sum < 1")
@@ -228,6 +241,8 @@ def _check(params: Params) -> None:
         if not getattr(p, key)[0] < getattr(p, key)[1]:
             raise ConfigError(f"preprocess.{key}: {list(getattr(p, key))} must be increasing")
     t = params.train
+    if t.lambda_feat < 0:
+        raise ConfigError(f"train.lambda_feat: {t.lambda_feat} must be >= 0 (0 disables feature matching)")
     for key in ("batch_size", "base_batch_size", "devices", "num_nodes", "max_epochs"):
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key}: must be >= 1, got {getattr(t, key)}")

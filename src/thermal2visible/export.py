@@ -1,7 +1,8 @@
 """The trained generator as one self-contained ONNX file, checked against PyTorch on real images.
 
-The graph is the generator alone: (B,Ct,H,W) float32 in [-1,1] -> (B,Cv,H,W) in [-1,1], with batch, height and
-width dynamic (H and W any multiples of the training size S = 2^levels), so whole frames run fully convolutionally.
+The graph is the generator alone (U-Net or ResNet): (B,Ct,H,W) float32 in [-1,1] -> (B,Cv,H,W) in [-1,1], with
+batch, height and width dynamic (H and W any multiples of the training size S, which both generators take), so whole
+frames run fully convolutionally.
 Everything a server needs to feed it (image size, channels, the preprocess settings training used) rides
 along as `metadata_props`, so the .onnx file alone is enough to reproduce training's input pipeline.
 """

@@ -6,8 +6,8 @@ view, the centre square or the face box, and applies to the whole frame, so hot 
 instead of rescaling it), scaled by image_size / min(H, W) (`model_size`: the scale at which a centre-cropped
 training frame reached the model), translated whole, and scaled back to
 exactly H x W: every output pixel comes from the input pixel at the same place, so the output lies in register
-with the input whatever its aspect. Two ways to run a U-Net (sides must be multiples of image_size = 2^levels)
-on a frame that is not the training square:
+with the input whatever its aspect. Two ways to run the generator (U-Net or ResNet: both take sides that are
+multiples of image_size) on a frame that is not the training square:
 
 - `pad`: reflect-pad to the next multiple and run the network once, fully convolutionally (the ONNX graph
   has dynamic height and width); the innermost levels then see the whole frame at once.

@@ -1,1 +1,1 @@
-"""The networks: U-Net generator, PatchGAN discriminator, identity recognizer."""
+"""The networks: U-Net and ResNet generators, (multi-scale) PatchGAN discriminator, identity recognizer."""

@@ -51,7 +51,20 @@ def statistics_kept(block: nn.Module):
                 buffer.copy_(value)
 
 
+def run_block(block: nn.Module, x: torch.Tensor, recompute: bool) -> torch.Tensor:
+    """`block(x)`; with `recompute` (model.recompute) while training with gradients, only the block's input is kept
+    and its insides are recomputed in backward."""
+    if recompute and block.training and torch.is_grad_enabled():
+        # The RNG state is replayed, so dropout masks match, and the recomputation leaves batch-norm statistics as
+        # the forward left them, so recompute changes memory and time only, never the trained weights
+        # (checkpoints.NOT_DEFINING).
+        return checkpoint(block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), statistics_kept(block)))
+    return block(x)
+
+
 class UNetGenerator(nn.Module):
+    kind = "unet"  # model.generator
+
     def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int = 64,
                  norm: str = "batch", dropout: float = 0.5, recompute: bool = False):
         super().__init__()
@@ -91,13 +104,7 @@ class UNetGenerator(nn.Module):
         init_weights(self)
 
     def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.recompute and self.training and torch.is_grad_enabled():
-            # Keep only block boundaries; recompute the insides in backward. The RNG state is replayed, so dropout
-            # masks match, and the recomputation leaves batch-norm statistics as the forward left them, so
-            # recompute changes memory and time only, never the trained weights (checkpoints.NOT_DEFINING).
-            return checkpoint(block, x, use_reentrant=False,
-                              context_fn=lambda: (nullcontext(), statistics_kept(block)))
-        return block(x)
+        return run_block(block, x, self.recompute)
 
     def forward(self, thermal: torch.Tensor) -> torch.Tensor:
         skips = []
@@ -120,7 +127,7 @@ def _own_statistics(norm: nn.BatchNorm2d, inputs: tuple[torch.Tensor], output: t
 
 
 @contextmanager
-def as_tested(generator: UNetGenerator, mode: str):
+def as_tested(generator: nn.Module, mode: str):
     """`generator` as it is tested (train.test_mode); weights and running statistics are left untouched.
 
     eval: running batch-norm statistics, dropout off (deterministic). train: pix2pix's test mode (Isola et al.

@@ -1,11 +1,11 @@
 """Pix2Pix as a LightningModule: each batch one discriminator step, then one generator step (manual optimization).
 
-Losses are means over the batch and over the PatchGAN map. Under DDP every process holds an equal shard of the
-global batch and DDP averages the gradients, so the mean of the per-process means is the mean over the global
-batch: without batch norm and random draws, two processes take the same step as one process with the whole batch
-(tests/test_ddp.py). With them, two processes differ from one as the paper's multi-GPU runs do: batch norm
-normalises each process's share, and each rank draws its own crops and dropout masks
-(checkpoints.RandomStreams).
+Losses are means over the batch and over the PatchGAN map (and over the scales of a multi-scale one). Under DDP
+every process holds an equal shard of the global batch and DDP averages the gradients, so the mean of the
+per-process means is the mean over the global batch: without batch norm and random draws, two processes take the
+same step as one process with the whole batch (tests/test_ddp.py). With them, two processes differ from one as the
+paper's multi-GPU runs do: batch norm normalises each process's share, and each rank draws its own crops and dropout
+masks (checkpoints.RandomStreams).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from torch import nn
 from thermal2visible.config import ModelConfig, TrainConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.metrics import image_scores, score_means, to_unit
-from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
-from thermal2visible.models.generator import UNetGenerator, as_tested
+from thermal2visible.models.discriminator import MultiScaleDiscriminator
+from thermal2visible.models.generator import as_tested
+from thermal2visible.models.networks import GENERATORS
 
 
 class TrainingDiverged(PipelineError):
@@ -55,6 +56,21 @@ def gan_loss(logits: torch.Tensor, real: bool, mode: str) -> torch.Tensor:
     raise ValueError(f"gan_mode {mode!r} is not one of vanilla, lsgan")
 
 
+def adversarial_loss(judged: list[list[torch.Tensor]], real: bool, mode: str) -> torch.Tensor:
+    """`gan_loss` of each scale's logits (MultiScaleDiscriminator's output), averaged over the scales (pix2pixHD)."""
+    return torch.stack([gan_loss(outputs[-1], real, mode) for outputs in judged]).mean()
+
+
+def feature_matching(judged_fake: list[list[torch.Tensor]], judged_real: list[list[torch.Tensor]]) -> torch.Tensor:
+    """pix2pixHD's feature-matching loss: L1 between D's features (every layer's output but the logits) on the
+    generated and on the real pair, the real ones as fixed targets; each layer weighted 4 / (its scale's n_layers
+    + 1), i.e. 4 / its number of feature layers, and each scale 1 / the number of scales."""
+    scales = len(judged_fake)
+    return sum(4 / (len(fake_outputs) - 1) / scales * F.l1_loss(fake.float(), real.detach().float())
+               for fake_outputs, real_outputs in zip(judged_fake, judged_real, strict=True)
+               for fake, real in zip(fake_outputs[:-1], real_outputs[:-1], strict=True))
+
+
 @contextmanager
 def frozen(network: nn.Module):
     """No gradients for `network`'s weights inside the block (they still flow through it to its inputs)."""
@@ -76,10 +92,10 @@ class Pix2Pix(LightningModule):
             raise ValueError("train.lambda_id > 0 needs the identity recognizer")
         self.automatic_optimization = False
         self.cfg = train
-        self.generator = UNetGenerator(thermal_channels, visible_channels, image_size, model.ngf, model.norm,
-                                       model.dropout, model.recompute)
-        self.discriminator = PatchDiscriminator(thermal_channels + visible_channels, model.ndf, model.norm,
-                                                patch_layers(image_size))
+        self.generator = GENERATORS[model.generator](thermal_channels, visible_channels, image_size, model.ngf,
+                                                     model.norm, model.dropout, model.recompute)
+        self.discriminator = MultiScaleDiscriminator(thermal_channels + visible_channels, model.ndf, model.norm,
+                                                     image_size, model.discriminator_scales)
         self.recognizer = recognizer if train.lambda_id > 0 else None
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0
@@ -169,8 +185,8 @@ class Pix2Pix(LightningModule):
         fake = generate(thermal)  # once per step; D sees it detached, G's loss backpropagates through it
 
         # Discriminator: real pairs -> "real", generated pairs -> "fake".
-        loss_d = 0.5 * (gan_loss(judge(thermal, real), True, self.cfg.gan_mode)
-                        + gan_loss(judge(thermal, fake.detach()), False, self.cfg.gan_mode))
+        loss_d = 0.5 * (adversarial_loss(judge(thermal, real), True, self.cfg.gan_mode)
+                        + adversarial_loss(judge(thermal, fake.detach()), False, self.cfg.gan_mode))
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(loss_d)
         if not self._finite(loss_d, self.discriminator):
@@ -178,7 +194,14 @@ class Pix2Pix(LightningModule):
         opt_d.step()
 
         # Generator: fool the just-updated discriminator, stay close to the real face, keep the person's identity.
-        losses = {"loss_d": loss_d, **self.generator_losses(thermal, real, fake, batch)}
+        # D's own module, frozen: this backward touches no D weight, so D's DDP wrapper stays out of it.
+        with frozen(self.discriminator):
+            judged_fake = self.discriminator(thermal, fake)
+        judged_real = None
+        if self.cfg.lambda_feat > 0:
+            with torch.no_grad():  # the targets of feature matching, from the same (updated) D as judged_fake
+                judged_real = self.discriminator(thermal, real)
+        losses = {"loss_d": loss_d, **self.generator_losses(real, fake, judged_fake, judged_real, batch)}
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(losses["loss_g"])
         if not self._finite(losses["loss_g"], self.generator):
@@ -189,13 +212,15 @@ class Pix2Pix(LightningModule):
         self.log_dict({name: value.detach() for name, value in losses.items()}, on_step=False, on_epoch=True,
                       sync_dist=True, batch_size=len(thermal))
 
-    def generator_losses(self, thermal: torch.Tensor, real: torch.Tensor, fake: torch.Tensor,
-                         batch: dict) -> dict[str, torch.Tensor]:
-        # D's own module, frozen: this backward touches no D weight, so D's DDP wrapper stays out of it.
-        with frozen(self.discriminator):
-            loss_gan = gan_loss(self.discriminator(thermal, fake), True, self.cfg.gan_mode)
+    def generator_losses(self, real: torch.Tensor, fake: torch.Tensor, judged_fake: list[list[torch.Tensor]],
+                         judged_real: list[list[torch.Tensor]] | None, batch: dict) -> dict[str, torch.Tensor]:
+        """G's losses from D's outputs on the generated pair (and on the real pair, for feature matching)."""
+        loss_gan = adversarial_loss(judged_fake, True, self.cfg.gan_mode)
         loss_l1 = F.l1_loss(fake.float(), real.float())
         losses = {"loss_gan": loss_gan, "loss_l1": loss_l1, "loss_g": loss_gan + self.cfg.lambda_l1 * loss_l1}
+        if self.cfg.lambda_feat > 0:
+            losses["loss_feat"] = feature_matching(judged_fake, judged_real)
+            losses["loss_g"] = losses["loss_g"] + self.cfg.lambda_feat * losses["loss_feat"]
         if self.recognizer is not None:
             losses["loss_id"] = F.cross_entropy(self.recognizer(fake).float(), batch["identity"])
             losses["loss_g"] = losses["loss_g"] + self.cfg.lambda_id * losses["loss_id"]
