@@ -161,8 +161,10 @@ def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path
         if name == "default":
             return "-"
         wins = sum(mine > theirs for mine, theirs in zip(psnr[name], psnr["default"]))
-        return {len(seeds): "better in every seed", 0: "worse in every seed"}.get(
-            wins, f"better in {wins} of {len(seeds)} seeds")
+        losses = sum(mine < theirs for mine, theirs in zip(psnr[name], psnr["default"]))
+        if wins == len(seeds) or losses == len(seeds):
+            return "better in every seed" if wins else "worse in every seed"
+        return f"better in {wins}, worse in {losses} of {len(seeds)} seeds"
 
     def mean(name: str, score) -> str:
         values = [score(child) for child in results[name]]

@@ -120,6 +120,11 @@ def main(params: Params) -> None:
     if not trainer.is_global_zero:
         return
     seconds = time.perf_counter() - started
+    if not BEST.is_file():  # only a time budget ends a run before the window fills (config refuses max_epochs < it)
+        raise PipelineError(
+            f"no model to keep: train.max_minutes ({t.max_minutes}) ran out after {len(stop.history)} epoch(s), before "
+            f"the {stop.window}-epoch moving average of validation PSNR (early_stop.window) existed; raise "
+            "train.max_minutes or lower early_stop.window")
     summary = write_outputs(stop, fingerprint)
     # a tag, not a metric: every metric of the run is a per-epoch curve (the Trainer has finalized the logger anyway)
     logger.experiment.set_tag(logger.run_id, "train_seconds", f"{seconds:.1f}")

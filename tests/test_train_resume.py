@@ -161,11 +161,22 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, tiny_cache,
 
 @pytest.mark.timeout(300)
 def test_a_time_budget_ends_the_run_and_a_resumed_run_spends_only_what_is_left(tmp_path, tiny_cache, write_params):
+    # min_epochs 3: a slow moment of the machine cannot end the run before the moving average exists
     root = project(tmp_path, tiny_cache, write_params, "train.max_minutes=0.05", "train.max_epochs=1000",
-                   "early_stop.patience=1000")
+                   "train.min_epochs=3", "early_stop.patience=1000")
     finish(start(root))
     stopped = json.loads((root / "metrics" / "train.json").read_text())["stopped_epoch"]
     assert 2 <= stopped < 1000  # 3 s of ~0.1 s epochs
     # The budget's clock is in the checkpoint: run again, and at most the epoch in flight is added, not 3 s more.
     assert "continued from checkpoints/last.ckpt" in finish(start(root))
     assert json.loads((root / "metrics" / "train.json").read_text())["stopped_epoch"] - stopped <= 1
+
+
+@pytest.mark.timeout(120)
+def test_a_budget_that_ends_before_the_moving_average_exists_is_refused(tmp_path, tiny_cache, write_params):
+    root = project(tmp_path, tiny_cache, write_params, "train.max_minutes=0.0001", "early_stop.window=5")
+    process = start(root)
+    output = process.communicate(timeout=100)[0]
+    assert process.returncode == 1 and "Traceback" not in output, output
+    assert "no model to keep: train.max_minutes (0.0001) ran out after 1 epoch(s)" in output
+    assert not (root / "models").exists() and not (root / "metrics").exists()

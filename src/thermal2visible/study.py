@@ -29,16 +29,23 @@ def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> su
     return finished
 
 
+def base_project(work: Path) -> Path:
+    """The study's own project folder: its cache and recognizer, which every child links to."""
+    return work / "base"
+
+
 def prepare_cache(work: Path, params: Path, overrides: list[str]) -> Path:
-    """The study's cache: pipelines/preprocess.py on ./data/ingested with the study's overrides."""
+    """The study's cache: pipelines/preprocess.py on ./data/ingested with the study's overrides, and the recognizer
+    trained on it (pipelines/train_recognizer.py), which the identity loss and the evaluate stage use."""
     ingested = INDEX
     if not ingested.is_file():
         raise PipelineError(f"{ingested}: missing; run the ingest stage first (dvc repro ingest)")
-    base = work / "base"
+    base = base_project(work)
     (base / "data").mkdir(parents=True)
     link_source(base)
     (base / "data" / "ingested").symlink_to(ingested.parent.resolve())
     run_script("preprocess.py", base, params, overrides)
+    run_script("train_recognizer.py", base, params, overrides)
     return base / CACHE
 
 
@@ -62,9 +69,8 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     (project / CACHE).parent.mkdir(parents=True)
     (project / CACHE).symlink_to(cache.resolve())
     link_source(project)
-    if RECOGNIZER.is_file():
-        (project / RECOGNIZER).parent.mkdir()
-        (project / RECOGNIZER).symlink_to(RECOGNIZER.resolve())
+    (project / RECOGNIZER).parent.mkdir()
+    (project / RECOGNIZER).symlink_to((base_project(work) / RECOGNIZER).resolve())
     started = time.perf_counter()
     run_script("train.py", project, params, overrides)
     wall = time.perf_counter() - started
