@@ -30,9 +30,11 @@ GLOBAL_BATCH, STEPS, SIZE = 8, 2, 16
 # No norm and no dropout: nothing in a sample's gradient depends on which process holds it. (Instance norm would
 # do too, but it leaves the biases before it with zero gradient, whose rounding noise Adam blows up to +-lr.)
 TINY = ModelConfig(ngf=8, ndf=8, norm="none", dropout=0.0)
-# The same with pix2pixHD's options: the ResNet generator, a 2-scale D and feature matching.
-OPTIONS = {"pix2pix": (TINY, {}),
-           "pix2pixHD": (dataclasses.replace(TINY, generator="resnet", discriminator_scales=2), {"lambda_feat": 10.0})}
+# The same with pix2pixHD's options (the ResNet generator, a 2-scale D and feature matching), under each update
+# rule: simultaneous sends both D forwards through D's wrapper and G's backward through that wrapper's graph.
+HD = dataclasses.replace(TINY, generator="resnet", discriminator_scales=2)
+OPTIONS = {"pix2pix": (TINY, {}), "pix2pixHD": (HD, {"lambda_feat": 10.0}),
+           "pix2pixHD simultaneous": (HD, {"lambda_feat": 10.0, "update_rule": "simultaneous"})}
 
 
 def clean_env() -> dict[str, str]:

@@ -1,9 +1,11 @@
 """Pix2Pix LightningModule and Trainer construction: loss math, LR rules, precision, non-finite steps, identity loss."""
+import copy
 import dataclasses
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
@@ -13,7 +15,7 @@ from thermal2visible.errors import ConfigError
 from thermal2visible.config import ModelConfig, Params, TrainConfig
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.models.discriminator import MultiScaleDiscriminator
+from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
 from thermal2visible.training.module import (Pix2Pix, TrainingDiverged, adversarial_loss, feature_matching, gan_loss,
                                              linear_decay, scaled_lr)
 from thermal2visible import checkpoints
@@ -24,6 +26,7 @@ from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_
 
 TINY_MODEL = ModelConfig(ngf=4, ndf=4, norm="batch", dropout=0.5)
 SIZE = 16
+RULES = ["alternating", "simultaneous"]  # train.update_rule
 
 
 def tiny_train(**changes) -> TrainConfig:
@@ -168,9 +171,10 @@ class ScaleProbe(Pix2Pix):
         self.ratios.append((weight.grad.float()[large] / true[large]).median().item())
 
 
-def test_fp16_loss_scaling_goes_through_the_precision_plugin():
+@pytest.mark.parametrize("rule", RULES)
+def test_fp16_loss_scaling_goes_through_the_precision_plugin(rule):
     """16-mixed with a GradScaler (forced on CPU here): backward sees the scaled loss, the step unscales."""
-    module = ScaleProbe(TINY_MODEL, tiny_train(), SIZE, 1, 3)
+    module = ScaleProbe(TINY_MODEL, tiny_train(update_rule=rule), SIZE, 1, 3)
     module.ratios = []
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     trainer = build_trainer(tiny_train(), precision=None, limit_train_batches=1,
@@ -180,8 +184,40 @@ def test_fp16_loss_scaling_goes_through_the_precision_plugin():
     assert scaler._growth_tracker.item() == 2  # both optimizer steps went through scaler.step/update
 
 
-def test_non_finite_losses_skip_the_step_then_stop_the_run():
-    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=1), SIZE, 1, 3)
+class GeneratorStepProbe(Pix2Pix):
+    """Records the true gradient of G's loss for G's first weight, and the gradient G's optimizer steps with."""
+
+    def on_train_start(self):
+        self.true, self.stepped, self.backwards = [], [], 0
+        weight = next(self.generator.parameters())
+        self.optimizers()[0].optimizer.register_step_pre_hook(
+            lambda *_: self.stepped.append(weight.grad.detach().float().clone()))
+
+    def manual_backward(self, loss, *args, **kwargs):
+        self.backwards += 1
+        if self.backwards % 2 == 0:  # D's loss, then G's
+            self.true.append(torch.autograd.grad(loss, next(self.generator.parameters()), retain_graph=True)[0])
+        super().manual_backward(loss, *args, **kwargs)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_generator_steps_with_its_true_gradient_when_the_loss_scale_changes_between_the_steps(rule):
+    """growth_interval 1: the scaler's update after D's step doubles the scale. Under the simultaneous rule G's
+    gradients were scaled before it, and must still reach G's step unscaled."""
+    train = tiny_train(update_rule=rule, lambda_l1=1.0)  # L1 x 100 x 2^13 would overflow fp16
+    module = GeneratorStepProbe(TINY_MODEL, train, SIZE, 1, 3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+    build_trainer(tiny_train(), precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]).fit(
+        module, train_dataloaders=loader())
+    assert scaler.get_scale() == 2.0 ** 14  # doubled after each of 2 x 2 optimizer steps
+    for true, stepped in zip(module.true, module.stepped, strict=True):
+        large = true.abs() > true.abs().max() * 0.1
+        assert (stepped[large] / true.float()[large]).median().item() == pytest.approx(1.0, rel=0.05)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_non_finite_losses_skip_the_step_then_stop_the_run(rule):
+    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=1, update_rule=rule), SIZE, 1, 3)
     before = weights(module)
     trainer = build_trainer(tiny_train(max_bad_steps=1))
     with pytest.raises(TrainingDiverged, match="2 steps with a non-finite loss.*max_bad_steps = 1"):
@@ -191,9 +227,12 @@ def test_non_finite_losses_skip_the_step_then_stop_the_run():
     assert changed == set()  # no optimizer step, and batch-norm statistics rolled back
 
 
-def test_a_bad_step_is_skipped_and_training_goes_on():
-    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
-    trainer = build_trainer(tiny_train(max_bad_steps=5))
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("norm", ["batch", "none"])  # none: no statistics, nothing for a simultaneous step to undo
+def test_a_bad_step_is_skipped_and_training_goes_on(rule, norm):
+    train = tiny_train(max_bad_steps=5, update_rule=rule)
+    module = Pix2Pix(dataclasses.replace(TINY_MODEL, norm=norm), train, SIZE, 1, 3)
+    trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
     assert module.bad_steps == 1 and math.isfinite(trainer.callback_metrics["loss_g"].item())
 
@@ -267,9 +306,10 @@ class PoisonedGeneratorStep(Pix2Pix):
         return losses
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("poison", ["loss", "gradient"])
-def test_a_non_finite_generator_step_undoes_the_discriminator_step_before_it(poison):
-    module = PoisonedGeneratorStep(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+def test_a_non_finite_generator_step_undoes_the_discriminator_step_before_it(poison, rule):
+    module = PoisonedGeneratorStep(TINY_MODEL, tiny_train(max_bad_steps=5, update_rule=rule), SIZE, 1, 3)
     module.poison = poison
     before = weights(module)
     build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=1).fit(module, train_dataloaders=loader())
@@ -294,8 +334,9 @@ class PoisonedThirdStep(Pix2Pix):
         return losses
 
 
-def test_a_non_finite_step_after_good_ones_puts_back_weights_statistics_and_adam_moments():
-    module = PoisonedThirdStep(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+@pytest.mark.parametrize("rule", RULES)
+def test_a_non_finite_step_after_good_ones_puts_back_weights_statistics_and_adam_moments(rule):
+    module = PoisonedThirdStep(TINY_MODEL, tiny_train(max_bad_steps=5, update_rule=rule), SIZE, 1, 3)
     build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=3).fit(
         module, train_dataloaders=loader(count=6))
     assert module.bad_steps == 1
@@ -346,10 +387,11 @@ class Echo(torch.nn.Module):
         return thermal + 0 * self.unused
 
 
-def test_feature_matching_of_a_perfect_generator_is_zero():
-    """The real pair's features come from the D that judges the generated pair (under alternating, the updated
-    one), so a generated pair equal to the real one matches exactly."""
-    module = Pix2Pix(TINY_MODEL, tiny_train(lambda_feat=1.0), SIZE, 3, 3)
+@pytest.mark.parametrize("rule", RULES)
+def test_feature_matching_of_a_perfect_generator_is_zero(rule):
+    """The real pair's features come from the D that judges the generated pair (alternating: the updated one;
+    simultaneous: the one before its step), so a generated pair equal to the real one matches exactly."""
+    module = Pix2Pix(TINY_MODEL, tiny_train(lambda_feat=1.0, update_rule=rule), SIZE, 3, 3)
     module.generator = Echo()
     pairs = [{"thermal": image, "visible": image.clone(), "identity": torch.tensor(0)}
              for image in torch.rand(4, 3, SIZE, SIZE) * 2 - 1]
@@ -366,13 +408,78 @@ class CountedForwards(Pix2Pix):
         self.discriminator.register_forward_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
 
 
-@pytest.mark.parametrize("lambda_feat, forwards", [(0.0, 3), (1.0, 4)])
-def test_discriminator_forwards_per_step(lambda_feat, forwards):
-    """The D step's real and generated pairs, then the generated pair again for G's loss against the updated D;
-    feature matching adds the real pair through that updated D."""
-    module = CountedForwards(TINY_MODEL, tiny_train(lambda_feat=lambda_feat), SIZE, 1, 3)
+@pytest.mark.parametrize("rule, lambda_feat, forwards", [("alternating", 0.0, 3), ("alternating", 1.0, 4),
+                                                         ("simultaneous", 0.0, 2), ("simultaneous", 1.0, 2)])
+def test_discriminator_forwards_per_step(rule, lambda_feat, forwards):
+    """alternating: the D step's real and generated pairs, then the generated pair again for G's loss against the
+    updated D (feature matching adds the real pair through that updated D). simultaneous: the real and the
+    generated pair once, for both losses."""
+    module = CountedForwards(TINY_MODEL, tiny_train(lambda_feat=lambda_feat, update_rule=rule), SIZE, 1, 3)
     build_trainer(tiny_train(), limit_train_batches=2).fit(module, train_dataloaders=loader())
     assert module.forwards == 2 * forwards
+
+
+def bce(logits: torch.Tensor, target: float) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
+
+
+def pytorch_pix2pix_step(G, D, opt_g, opt_d, thermal, real, lambda_l1):
+    """optimize_parameters of the public PyTorch pix2pix code (models/pix2pix_model.py), in its order."""
+    fake = G(thermal)
+    D.requires_grad_(True)
+    opt_d.zero_grad()
+    loss_d_fake = bce(D(thermal, fake.detach()), 0.0)
+    loss_d_real = bce(D(thermal, real), 1.0)
+    ((loss_d_fake + loss_d_real) * 0.5).backward()
+    opt_d.step()
+    D.requires_grad_(False)
+    opt_g.zero_grad()
+    (bce(D(thermal, fake), 1.0) + F.l1_loss(fake, real) * lambda_l1).backward()
+    opt_g.step()
+
+
+def tensorflow_pix2pix_step(G, D, opt_g, opt_d, thermal, real, lambda_l1):
+    """train_step of the TensorFlow pix2pix tutorial: one forward under two gradient tapes, each loss's gradient for
+    its own network's weights, then both apply_gradients. (The tutorial's D loss is real + fake; the paper's halving,
+    which this project keeps under both rules, is kept here: a constant factor reaches Adam's step through eps only.)"""
+    D.requires_grad_(True)
+    fake = G(thermal)
+    real_logits, fake_logits = D(thermal, real), D(thermal, fake)
+    loss_g = bce(fake_logits, 1.0) + lambda_l1 * F.l1_loss(fake, real)
+    loss_d = 0.5 * (bce(real_logits, 1.0) + bce(fake_logits, 0.0))
+    for network, loss in ((G, loss_g), (D, loss_d)):
+        weights = list(network.parameters())
+        for weight, gradient in zip(weights, torch.autograd.grad(loss, weights, retain_graph=True)):
+            weight.grad = gradient
+    opt_g.step()
+    opt_d.step()
+
+
+REFERENCES = {"alternating": pytorch_pix2pix_step, "simultaneous": tensorflow_pix2pix_step}
+
+
+def test_update_rules_take_the_steps_of_their_reference_code():
+    """Two steps of each rule (fp32, no dropout) give the gradients and weights of its hand-written reference, and
+    the references differ: D's lr and a small L1 weight make G's adversarial gradient depend on D's step."""
+    train = tiny_train(lambda_l1=1.0, lr_d=0.01)
+    model = dataclasses.replace(TINY_MODEL, dropout=0.0)
+    references = {}
+    for rule, reference_step in REFERENCES.items():
+        module = Pix2Pix(model, dataclasses.replace(train, update_rule=rule), SIZE, 1, 3)
+        G, D = copy.deepcopy(module.generator), PatchDiscriminator(4, model.ndf, model.norm, patch_layers(SIZE))
+        D.load_state_dict(module.discriminator.state_dict())
+        build_trainer(train).fit(module, train_dataloaders=loader())
+        opt_g, opt_d = (torch.optim.Adam(network.parameters(), lr, betas=(train.beta1, train.beta2))
+                        for network, lr in ((G, train.lr_g), (D, train.lr_d)))
+        for batch in loader():
+            reference_step(G, D, opt_g, opt_d, batch["thermal"], batch["visible"], train.lambda_l1)
+        for network, reference in ((module.generator, G), (module.discriminator, D)):
+            expected = dict(reference.named_parameters())
+            for name, weight in network.named_parameters():
+                torch.testing.assert_close(weight.grad, expected[name].grad, msg=f"{rule}: {name}.grad")
+                torch.testing.assert_close(weight, expected[name], msg=f"{rule}: {name}")
+        references[rule] = [weight.grad for weight in G.parameters()]
+    assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(*references.values()))
 
 
 def test_learning_rates_decay_linearly_at_the_end():

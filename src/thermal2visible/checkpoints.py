@@ -62,14 +62,14 @@ WEIGHT_DEFINING = {
     "loader": ("jitter",),
     "model": ("generator", "ngf", "ndf", "norm", "dropout", "discriminator_scales"),
     "train": ("batch_size", "base_batch_size", "lr_scaling", "lr_g", "lr_d", "beta1", "beta2", "gan_mode",
-              "lambda_l1", "lambda_id", "lambda_feat", "lr_decay_epochs", "min_epochs", "max_epochs", "max_minutes",
-              "precision", "devices", "num_nodes", "sync_batchnorm", "test_mode", "seed"),
+              "lambda_l1", "lambda_id", "lambda_feat", "update_rule", "lr_decay_epochs", "min_epochs", "max_epochs",
+              "max_minutes", "precision", "devices", "num_nodes", "sync_batchnorm", "test_mode", "seed"),
     "early_stop": ("window", "patience"),
 }
 # Weight-defining keys added after runs were stamped, with the value those runs were trained with: hashed only when
 # set to another value, so a run begun before the key existed keeps its fingerprint and its last.ckpt continues.
 ADDED_LATER = {("model", "generator"): "unet", ("model", "discriminator_scales"): 1, ("train", "lambda_feat"): 0.0,
-               ("train", "max_minutes"): 0.0}
+               ("train", "max_minutes"): 0.0, ("train", "update_rule"): "alternating"}
 NOT_DEFINING = {
     "preprocess": (),
     "loader": ("num_workers", "pin_memory", "preload"),

@@ -99,6 +99,7 @@ class TrainConfig:
     lambda_l1: float = 100.0
     lambda_id: float = 0.0
     lambda_feat: float = 0.0
+    update_rule: Literal["alternating", "simultaneous"] = "alternating"
     lr_decay_epochs: int = 0
     min_epochs: int = 1
     max_epochs: int = 200

@@ -1,4 +1,7 @@
-"""Pix2Pix as a LightningModule: each batch one discriminator step, then one generator step (manual optimization).
+"""Pix2Pix as a LightningModule: each batch one discriminator step and one generator step (manual optimization), in
+the order train.update_rule says: `alternating` (the public PyTorch pix2pix code: D steps, then G's loss is taken
+against the updated D, a third D forward) or `simultaneous` (the TensorFlow pix2pix recipe: both losses from the same
+forwards, G's adversarial gradient from the D before its step, then both step: two D forwards).
 
 Losses are means over the batch and over the PatchGAN map (and over the scales of a multi-scale one). Under DDP
 every process holds an equal shard of the global batch and DDP averages the gradients, so the mean of the
@@ -127,8 +130,10 @@ class Pix2Pix(LightningModule):
         return (batch["thermal"].contiguous(memory_format=layout), batch["visible"].contiguous(memory_format=layout))
 
     def _undoable(self, opt_d) -> list[torch.Tensor]:
-        """What a step may change before it knows it is finite: batch-norm statistics, and D's weights and optimizer
-        state (D steps before G's loss exists, since G's loss needs the updated D)."""
+        """What a step may change before it knows it is finite: batch-norm statistics, and under the alternating rule
+        D's weights and optimizer state (D steps before G's loss exists, since G's loss needs the updated D)."""
+        if self.cfg.update_rule == "simultaneous":
+            return self._statistics()  # both losses are checked before either network steps
         moments = [value for weight in self.discriminator.parameters()
                    for value in opt_d.optimizer.state.get(weight, {}).values() if torch.is_tensor(value)]
         return [*self._statistics(), *self.discriminator.parameters(), *moments]
@@ -140,7 +145,7 @@ class Pix2Pix(LightningModule):
         live = self._undoable(opt_d)
         if len(self._saved) != len(live):
             self._saved = [tensor.detach().clone() for tensor in live]
-        else:
+        elif live:  # empty under the simultaneous rule without batch norm: nothing a step could leave behind
             torch._foreach_copy_(self._saved, live)
         return self._saved
 
@@ -151,7 +156,8 @@ class Pix2Pix(LightningModule):
             for weight in self.discriminator.parameters():
                 opt_d.optimizer.state.pop(weight, None)
             live = self._undoable(opt_d)
-        torch._foreach_copy_(live, snapshot)
+        if live:
+            torch._foreach_copy_(live, snapshot)
 
     def _finite(self, loss: torch.Tensor, network: nn.Module) -> bool:
         """Whether `loss` and `network`'s gradients are finite on every process (all skip a step together, or DDP
@@ -180,6 +186,18 @@ class Pix2Pix(LightningModule):
         opt_g, opt_d = self.optimizers()
         thermal, real = self._images(batch)
         snapshot = self._snapshot(opt_d)
+        step = self._simultaneous if self.cfg.update_rule == "simultaneous" else self._alternating
+        losses = step(thermal, real, batch, opt_g, opt_d)
+        if losses is None:
+            return self._skip(snapshot, opt_d)
+        self.images_seen += len(thermal)
+        self.log_dict({name: value.detach() for name, value in losses.items()}, on_step=False, on_epoch=True,
+                      sync_dist=True, batch_size=len(thermal))
+
+    def _alternating(self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g,
+                     opt_d) -> dict[str, torch.Tensor] | None:
+        """The public PyTorch pix2pix code's rule: D steps, then G's loss against the updated D (a third D forward).
+        The losses, or None for a non-finite step."""
         generate = self.replicas.get("generator", self.generator)
         judge = self.replicas.get("discriminator", self.discriminator)
         fake = generate(thermal)  # once per step; D sees it detached, G's loss backpropagates through it
@@ -190,7 +208,7 @@ class Pix2Pix(LightningModule):
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(loss_d)
         if not self._finite(loss_d, self.discriminator):
-            return self._skip(snapshot, opt_d)
+            return None
         opt_d.step()
 
         # Generator: fool the just-updated discriminator, stay close to the real face, keep the person's identity.
@@ -205,12 +223,43 @@ class Pix2Pix(LightningModule):
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(losses["loss_g"])
         if not self._finite(losses["loss_g"], self.generator):
-            return self._skip(snapshot, opt_d)
+            return None
         opt_g.step()
+        return losses
 
-        self.images_seen += len(thermal)
-        self.log_dict({name: value.detach() for name, value in losses.items()}, on_step=False, on_epoch=True,
-                      sync_dist=True, batch_size=len(thermal))
+    def _simultaneous(self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g,
+                      opt_d) -> dict[str, torch.Tensor] | None:
+        """The TensorFlow pix2pix recipe: both losses from one forward of each pair (G's adversarial gradient from
+        the D before its step), then both networks step: one D forward fewer. The losses, or None."""
+        generate = self.replicas.get("generator", self.generator)
+        judge = self.replicas.get("discriminator", self.discriminator)
+        fake = generate(thermal)
+        judged_real, judged_fake = judge(thermal, real), judge(thermal, fake)  # fake not detached: G's loss uses it
+        loss_d = 0.5 * (adversarial_loss(judged_real, True, self.cfg.gan_mode)
+                        + adversarial_loss(judged_fake, False, self.cfg.gan_mode))
+        losses = {"loss_d": loss_d, **self.generator_losses(real, fake, judged_fake, judged_real, batch)}
+
+        # Each loss differentiated for its own network's weights only, so neither adds gradient to the other network,
+        # and each DDP wrapper sees one backward that makes its gradients: D's wrapper (both D forwards) in D's, G's
+        # wrapper in G's (which passes through D's forward without touching D's weights, so that graph is kept).
+        opt_d.zero_grad(set_to_none=True)
+        self.manual_backward(loss_d, inputs=list(self.discriminator.parameters()), retain_graph=True)
+        if not self._finite(loss_d, self.discriminator):
+            return None
+        opt_g.zero_grad(set_to_none=True)
+        self.manual_backward(losses["loss_g"], inputs=list(self.generator.parameters()))
+        if not self._finite(losses["loss_g"], self.generator):
+            return None
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scale = scaler.get_scale() if scaler is not None else None
+        opt_d.step()
+        if scaler is not None and scaler.get_scale() != scale:
+            # fp16: D's step ended in the GradScaler's update, which halved (overflow) or doubled (growth) the scale
+            # that G's gradients still carry; G's step divides by the new one. Powers of two: exact.
+            torch._foreach_mul_([weight.grad for weight in self.generator.parameters() if weight.grad is not None],
+                                scaler.get_scale() / scale)
+        opt_g.step()
+        return losses
 
     def generator_losses(self, real: torch.Tensor, fake: torch.Tensor, judged_fake: list[list[torch.Tensor]],
                          judged_real: list[list[torch.Tensor]] | None, batch: dict) -> dict[str, torch.Tensor]:
