@@ -18,7 +18,6 @@ Usage: python benchmarks/time_to_quality.py [--rounds 2] [--window 5] [--patienc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import tempfile
 from pathlib import Path
@@ -33,8 +32,8 @@ from common import REPORTS, machine_text, markdown_table, write_report  # noqa: 
 from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
-from thermal2visible.paths import EVAL_METRICS, PIX2PIX_DEFAULT  # noqa: E402
-from thermal2visible.study import child_project, prepare_cache, run_script, train_child  # noqa: E402
+from thermal2visible.paths import PIX2PIX_DEFAULT  # noqa: E402
+from thermal2visible.study import evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
 
 PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yaml)"
@@ -42,9 +41,7 @@ PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yam
 
 def trained_and_tested(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
     child = train_child(work, name, cache, params, overrides)
-    project = child_project(work, name)
-    run_script("evaluate.py", project, params, overrides)
-    child["test_psnr"] = json.loads((project / EVAL_METRICS).read_text())["generator"]["psnr"]
+    child["test_psnr"] = evaluate_child(work, name, params, overrides)["generator"]["psnr"]
     return child
 
 
