@@ -60,6 +60,7 @@ CONFIGS = {PLAIN: None, "default": {}, "default + torch.compile": dict(compile=T
            "default in fp32": dict(precision="32-true"),
            "default in fp32 + torch.compile": dict(precision="32-true", compile=True),
            "default + channels_last": dict(channels_last=True), "default, plain Adam": dict(fused_adam=False),
+           "default, simultaneous update": dict(update_rule="simultaneous"),
            "no optimizations (fp32, NCHW, plain Adam, decoded input)": dict(
                precision="32-true", channels_last=False, fused_adam=False, compile=False, cached=False)}
 
