@@ -62,6 +62,15 @@ def run_block(block: nn.Module, x: torch.Tensor, recompute: bool) -> torch.Tenso
     return block(x)
 
 
+def generator_config(in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str,
+                     dropout: float) -> dict:
+    """What models.networks.build_generator needs to rebuild a generator (plain types: saved with the weights)."""
+    if in_channels not in (1, 3):
+        raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
+    return {"in_channels": in_channels, "out_channels": out_channels, "image_size": image_size, "ngf": ngf,
+            "norm": norm, "dropout": dropout}
+
+
 class UNetGenerator(nn.Module):
     kind = "unet"  # model.generator
 
@@ -71,12 +80,8 @@ class UNetGenerator(nn.Module):
         levels = int(math.log2(image_size))
         if image_size < 16 or 2 ** levels != image_size:
             raise ValueError(f"image_size {image_size} must be a power of two >= 16")
-        if in_channels not in (1, 3):
-            raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
         self.recompute = recompute
-        # What checkpoints.load_generator needs to rebuild this network (plain types: saved with the weights).
-        self.config = {"in_channels": in_channels, "out_channels": out_channels, "image_size": image_size,
-                       "ngf": ngf, "norm": norm, "dropout": dropout}
+        self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
         # Batch norm has its own shift, so the convolutions before it need no bias (as in pix2pix).
         bias = norm != "batch"
         width = [ngf * min(2 ** level, 8) for level in range(levels)]

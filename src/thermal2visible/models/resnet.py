@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from thermal2visible.models.generator import init_weights, make_norm, run_block
+from thermal2visible.models.generator import generator_config, init_weights, make_norm, run_block
 
 RESIDUAL_BLOCKS = 9
 
@@ -43,12 +43,8 @@ class ResnetGenerator(nn.Module):
         super().__init__()
         if image_size < 16 or image_size % 4:
             raise ValueError(f"image_size {image_size} must be a multiple of 4 >= 16 (two halvings and back)")
-        if in_channels not in (1, 3):
-            raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
         self.recompute = recompute
-        # What checkpoints.load_generator needs to rebuild this network (plain types: saved with the weights).
-        self.config = {"in_channels": in_channels, "out_channels": out_channels, "image_size": image_size,
-                       "ngf": ngf, "norm": norm, "dropout": dropout}
+        self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
         bias = norm != "batch"  # batch norm has its own shift (as in the public code)
         stages = [nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(in_channels, ngf, 7, bias=bias),
                                 make_norm(norm, ngf), nn.ReLU())]
