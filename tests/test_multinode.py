@@ -16,7 +16,7 @@ import torch
 from mlflow import MlflowClient
 from thermal2visible.servers import free_port
 
-from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.models.networks import build_generator
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def digest_of_checkpoint(project: Path) -> str:
     """The digest train.py prints, computed from the generator weights in checkpoints/last.ckpt."""
     config = torch.load(project / "models" / "generator.pt", weights_only=True)["model"]
     state = torch.load(project / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    generator = UNetGenerator(**config)
+    generator = build_generator(config)
     generator.load_state_dict({name.removeprefix("generator."): value for name, value in state.items()
                                if name.startswith("generator.")})
     digest = hashlib.sha256()
