@@ -22,9 +22,8 @@ import numpy as np
 from scipy.ndimage import binary_dilation
 
 from common import machine_text, write_report
-from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.config import load_params, preset_overrides, stored_section
 from thermal2visible.data.cache import load_manifest
-from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.data.synthetic import random_face, render, shot_of
 from thermal2visible.export import run_onnx
 from thermal2visible.frames import translate_frame
@@ -59,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     synthesize = load_params(args.params, preset_overrides(args.preset)).synthesize
     session = onnx_session(args.onnx)
-    cfg = preprocess_config(onnx_metadata(session)["preprocess"])
+    cfg = stored_section("preprocess", onnx_metadata(session)["preprocess"])
     width = round(synthesize.resolution * synthesize.aspect)
 
     def generate(batch: np.ndarray) -> np.ndarray:

@@ -176,7 +176,7 @@ def synthetic_cache(root: Path, size: int, pairs: int) -> tuple[Path, Preprocess
                                 resolution=int(size * RAW_SIDE)), root / "raw")
     index, _ = ingest(root / "raw", "pairs", IngestConfig())
     cfg = PreprocessConfig(image_size=size, face_crop=False, val_fraction=0.05, test_fraction=0.05)
-    build_cache(index, cfg, IngestConfig().max_pixels, root / "cache")
+    build_cache(index, cfg, IngestConfig().max_pixels, root / "cache", on_error="fail")
     return root / "cache", cfg
 
 

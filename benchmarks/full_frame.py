@@ -20,9 +20,9 @@ from skimage.transform import resize
 
 from common import machine, machine_text
 from rounds import measure_rounds, ratio_text, summarize
-from thermal2visible.config import PreprocessConfig
+from thermal2visible.config import PreprocessConfig, stored_section
 from thermal2visible.data.cache import raw_pairs
-from thermal2visible.data.preprocess import prepare_thermal, preprocess_config
+from thermal2visible.data.preprocess import prepare_thermal
 from thermal2visible.export import median_latency_ms, run_onnx
 from thermal2visible.frames import translate_frame
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     session = onnx_session(args.onnx)
     metadata = onnx_metadata(session)
-    cfg = preprocess_config(metadata["preprocess"])
+    cfg = stored_section("preprocess", metadata["preprocess"])
 
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_onnx(session, batch)

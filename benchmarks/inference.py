@@ -61,7 +61,7 @@ def engine_dtype(name: str) -> str:
 
 def torch_bf16(generator: torch.nn.Module):
     """The fastest eager PyTorch here: bf16 autocast on channels_last weights (for reference)."""
-    fast = UNetGenerator(**generator.config).eval().to(memory_format=torch.channels_last)
+    fast = UNetGenerator(**generator.config, recompute=False).eval().to(memory_format=torch.channels_last)
     fast.load_state_dict(generator.state_dict())
 
     def predict(batch: np.ndarray) -> np.ndarray:
@@ -163,7 +163,8 @@ def main() -> None:
         cache, cfg = synthetic_cache(scratch / "data", args.size, 40)
         images = cache_to_model_input(np.load(cache / "train_thermal.npy"))
         torch.manual_seed(0)
-        save_generator(UNetGenerator(1, 3, args.size, ngf=PAPER_MODEL.ngf), scratch / "generator.pt", "eval",
+        save_generator(UNetGenerator(1, 3, args.size, PAPER_MODEL.ngf, PAPER_MODEL.norm, PAPER_MODEL.dropout,
+                                     recompute=False), scratch / "generator.pt", "eval",
                        preprocess=dataclasses.asdict(cfg))
         generator, payload = load_generator(scratch / "generator.pt")
         fp32, int8 = scratch / "generator.onnx", scratch / "generator.int8.onnx"

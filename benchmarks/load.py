@@ -42,7 +42,8 @@ from thermal2visible.servers import model_server  # noqa: E402
 def served_model(folder: Path, size: int, ngf: int) -> Path:
     """A pyfunc folder (what `register` logs) around a fresh generator of side `size` and width `ngf`."""
     torch.manual_seed(0)
-    save_generator(UNetGenerator(1, 3, size, ngf=ngf), folder / "generator.pt", "eval",
+    save_generator(UNetGenerator(1, 3, size, ngf=ngf, norm="batch", dropout=0.5, recompute=False),
+                   folder / "generator.pt", "eval",
                    preprocess=dataclasses.asdict(PreprocessConfig(image_size=size)))
     generator, payload = load_generator(folder / "generator.pt")
     # thermal_dtype: the kind of frame the clients send (16-bit PNGs)

@@ -95,7 +95,7 @@ class PlainPix2Pix:
 
     def __init__(self, model: ModelConfig, size: int, visible_channels: int = 3):
         train = TrainConfig()
-        self.generator = UNetGenerator(1, visible_channels, size, model.ngf, model.norm, model.dropout)
+        self.generator = UNetGenerator(1, visible_channels, size, model.ngf, model.norm, model.dropout, recompute=False)
         self.discriminator = PatchDiscriminator(1 + visible_channels, model.ndf, model.norm, patch_layers(size))
         self.opt_g, self.opt_d = (torch.optim.Adam(net.parameters(), train.lr_g, betas=(train.beta1, train.beta2))
                                   for net in (self.generator, self.discriminator))

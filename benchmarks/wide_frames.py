@@ -20,8 +20,8 @@ import numpy as np
 from skimage.metrics import peak_signal_noise_ratio
 
 from common import machine_text, write_report
+from thermal2visible.config import stored_section
 from thermal2visible.data.cache import raw_pairs
-from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.export import run_onnx
 from thermal2visible.frames import translate_frame
 from thermal2visible.pixels import unit
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("data/cache"))
     args = parser.parse_args()
     session = onnx_session(args.onnx)
-    cfg = preprocess_config(onnx_metadata(session)["preprocess"])
+    cfg = stored_section("preprocess", onnx_metadata(session)["preprocess"])
 
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_onnx(session, batch)

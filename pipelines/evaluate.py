@@ -22,10 +22,9 @@ import torch
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import Params
+from thermal2visible.config import Params, stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
-from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.export import run_torch
 from thermal2visible.frames import full_frame_psnr
 from thermal2visible.metrics import image_scores, rank1_accuracy, score_means, to_unit, verification_auc
@@ -125,8 +124,8 @@ def main(params: Params) -> None:
             return run_torch(generator, batch)
 
     # the same frames at full size, in register, through the code that serves them (frames.translate_frame)
-    results["generator"]["psnr_full_frame"] = full_frame_psnr(generate, preprocess_config(payload["preprocess"]),
-                                                              raw_pairs(CACHE, "test"))
+    results["generator"]["psnr_full_frame"] = full_frame_psnr(
+        generate, stored_section("preprocess", payload["preprocess"]), raw_pairs(CACHE, "test"))
     identity = identity_scores(faces, data.identities, data.manifest["preprocess"]["split_by"])
     report = {"test_images": data.manifest["counts"]["test"], **results, "identity": identity}
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)

@@ -8,11 +8,10 @@ from skimage.io import imsave
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import Params
+from thermal2visible.config import Params, stored_section
 from thermal2visible.data.align import overlay
 from thermal2visible.data.cache import applied_rig, build_cache
 from thermal2visible.data.ingest import read_pair
-from thermal2visible.data.preprocess import preprocess_config
 from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, INDEX, CACHE
 
 OVERLAY_PAIRS = 4
@@ -41,7 +40,7 @@ def write_alignment_report(manifest: dict) -> None:
     training = [source for source in manifest["sources"] if source["split"] == "train"][:OVERLAY_PAIRS]
     frames = [read_pair(Path(manifest["root"]), source, manifest["layout"], manifest["max_pixels"])
               for source in training]
-    imsave(ALIGN_OVERLAY, overlay(frames, applied_rig(manifest), preprocess_config(manifest["preprocess"])),
+    imsave(ALIGN_OVERLAY, overlay(frames, applied_rig(manifest), stored_section("preprocess", manifest["preprocess"])),
            check_contrast=False)
 
 

@@ -24,6 +24,7 @@ Usage: python pipelines/study.py --study {batch,lr,speed,quality} [--quick] [--v
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -138,7 +139,8 @@ def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, plt.Fi
     return table, {"speed": figure}
 
 
-def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path) -> tuple[str, dict]:
+def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path,
+                  loader: LoaderConfig) -> tuple[str, dict]:
     """Every configuration trained for `minutes` of wall clock per seed, seeds in turn, the order of the
     configurations rotated from seed to seed (so none always runs on a fresher machine); then the best combination:
     the changes that beat the default's mean test PSNR, or the two best changes when fewer than two did."""
@@ -190,13 +192,13 @@ def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path
     low = min(min(values) for values in psnr.values())
     axis.set(ylim=(low - 1, None), ylabel="test PSNR (dB): mean bar, seeds dots",
              title=f"Quality at equal training time ({minutes} min per run)")
-    return table, {"quality": bars, "quality_grid": faces_grid(results, cache, work)}
+    return table, {"quality": bars, "quality_grid": faces_grid(results, cache, work, loader)}
 
 
 @torch.inference_mode()
-def faces_grid(results: dict[str, list[dict]], cache: Path, work: Path) -> plt.Figure:
+def faces_grid(results: dict[str, list[dict]], cache: Path, work: Path, loader: LoaderConfig) -> plt.Figure:
     """The same first test faces: thermal, each configuration's generator (first seed), real."""
-    data = PairedDataModule(cache, GRID_FACES, LoaderConfig(preload=False))
+    data = PairedDataModule(cache, GRID_FACES, dataclasses.replace(loader, preload=False))
     data.setup("test")
     batch = model_batch(next(iter(data.test_dataloader())))
     rows, labels = [batch["thermal"]], ["thermal"]
@@ -268,7 +270,7 @@ def main() -> None:
         elif args.study == "speed":
             table, figures = speed_study(run, values, args.workers)
         else:
-            table, figures = quality_study(run, args.seeds, args.minutes, cache, Path(work))
+            table, figures = quality_study(run, args.seeds, args.minutes, cache, Path(work), params.loader)
         args.out.mkdir(parents=True, exist_ok=True)
         report = args.out / f"{args.study}.md"
         report.write_text(f"# Study: {args.study}\n\nOverrides: `{' '.join(overrides) or 'none'}`; MLflow parent run "

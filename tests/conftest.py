@@ -64,7 +64,7 @@ def tiny_cache(tmp_path_factory) -> Path:
     params = load_params(_write_params(work))
     synthesize(params.synthesize, work / "raw")
     index, _ = ingest(work / "raw", "pairs", params.ingest)
-    build_cache(index, params.preprocess, params.ingest.max_pixels, work / "cache")
+    build_cache(index, params.preprocess, params.ingest.max_pixels, work / "cache", on_error="fail")
     return work / "cache"
 
 

@@ -7,12 +7,13 @@ import pytest
 from skimage.io import imread, imsave
 from skimage.transform import AffineTransform
 
-from thermal2visible.config import PreprocessConfig, load_params
+from thermal2visible.config import load_params
 from thermal2visible.data.align import IDENTITY, Rig, register
 from thermal2visible.data.cache import build_cache, load_split
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.errors import PipelineError
+from shipped import shipped
 
 # 96 px frames as the demo's (tiny 48 px ones leave too few pixels for a sub-pixel scale), few of them
 FACES = ("synthesize.resolution=96", "synthesize.identities=4", "synthesize.images_per_identity=6")
@@ -34,7 +35,7 @@ def cache_of(tmp_path, write_params, cache, *overrides):
     if not raw.exists():
         synthesize(params.synthesize, raw)
     index, _ = ingest(raw, "pairs", params.ingest)
-    return build_cache(index, params.preprocess, params.ingest.max_pixels, tmp_path / cache)
+    return build_cache(index, params.preprocess, params.ingest.max_pixels, tmp_path / cache, on_error="fail")
 
 
 def test_a_known_rig_is_recovered_and_undone(tmp_path, write_params):
@@ -95,4 +96,4 @@ def test_a_preset_naming_an_unknown_key_is_refused_before_anything_is_written(tm
 
 def test_the_estimate_needs_training_pairs():
     with pytest.raises(PipelineError, match="no training pairs"):
-        register([{"thermal": "a"}], ["test"], lambda pair: None, PreprocessConfig())
+        register([{"thermal": "a"}], ["test"], lambda pair: None, shipped("preprocess"))

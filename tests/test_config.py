@@ -1,14 +1,14 @@
 """params.yaml loading: the shipped file is valid, and every kind of bad value names its key."""
 import dataclasses
+import json
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from thermal2visible.config import Params, load_params, preset_overrides
+from thermal2visible.config import SECTIONS, load_params, marked, preset_overrides, stored_section, weight_defining
 from thermal2visible.errors import ConfigError
 
 REPO_PARAMS = "params.yaml"
@@ -99,13 +99,37 @@ def test_a_preset_that_is_not_sections_of_keys_is_refused(tmp_path):
         preset_overrides(tmp_path / "flat.yaml")
 
 
-def test_every_default_in_the_code_equals_params_yaml():
-    """params.yaml is the one source of values: a default in config.py that disagrees would silently differ."""
-    shipped = load_params(REPO_PARAMS)
-    disagree = [f"{section.name}.{key.name}: code {key.default!r}, "
-                f"params.yaml {getattr(getattr(shipped, section.name), key.name)!r}"
-                for section in dataclasses.fields(Params)
-                for key in dataclasses.fields(typing.get_type_hints(Params)[section.name])
-                if key.default is not dataclasses.MISSING
-                and key.default != getattr(getattr(shipped, section.name), key.name)]
-    assert not disagree, "\n".join(disagree)
+def test_the_schema_holds_no_values_and_a_key_missing_from_params_yaml_is_named(tmp_path):
+    """params.yaml is the one source of values: the schema declares none, so nothing can silently differ from it."""
+    with_values = [f"{section}.{key.name}" for section, kind in SECTIONS.items() for key in dataclasses.fields(kind)
+                   if key.default is not dataclasses.MISSING or key.default_factory is not dataclasses.MISSING]
+    assert not with_values
+    raw = yaml.safe_load(Path(REPO_PARAMS).read_text())
+    del raw["train"]["lr_d"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"train.lr_d: missing \(params.yaml holds a value for every key"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_a_section_training_reads_marks_every_key_and_dvc_gives_train_every_weight_key():
+    """The marks are the one classing of keys: a section has them on every key or on none, and each key marked
+    weights() reaches the train stage as a DVC param (its own, or one of the stage that makes its cache)."""
+    for section in SECTIONS:
+        assert len(marked(section, "weights")) in (0, len(dataclasses.fields(SECTIONS[section]))), section
+    stages = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
+    given = {param for stage in ("preprocess", "train") for param in stages[stage]["params"]}
+    missing = [f"{section}.{key}" for section, keys in weight_defining().items() for key in keys
+               if section not in given and f"{section}.{key}" not in given]
+    assert weight_defining()["train"] and not missing
+
+
+def test_stored_settings_are_upgraded_in_one_place():
+    """A key added after models were stored reads as the value they were made with; another missing key is named."""
+    stored = dataclasses.asdict(load_params(REPO_PARAMS).model)
+    del stored["generator"], stored["discriminator_scales"]
+    assert stored_section("model", stored) == load_params(REPO_PARAMS, ["model.generator=unet"]).model
+    preprocess = json.loads(json.dumps(dataclasses.asdict(load_params(REPO_PARAMS).preprocess)))
+    assert stored_section("preprocess", preprocess) == load_params(REPO_PARAMS).preprocess
+    del preprocess["align"]
+    with pytest.raises(ConfigError, match="stored preprocess.align: missing"):
+        stored_section("preprocess", preprocess)

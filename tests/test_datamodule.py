@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from thermal2visible.config import LoaderConfig
 from thermal2visible.data.cache import JITTER, load_manifest, load_split
 from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
+from shipped import shipped
 
 
 def batches(module, loader):
@@ -22,7 +22,7 @@ def batches(module, loader):
 
 @pytest.mark.parametrize("preload", [True, False])
 def test_batches_have_the_contract_shapes_dtypes_and_ranges(tiny_cache, preload):
-    module = PairedDataModule(tiny_cache, 4, LoaderConfig(preload=preload))
+    module = PairedDataModule(tiny_cache, 4, shipped("loader", preload=preload))
     assert (module.thermal_channels, module.visible_channels) == (1, 3)
     assert module.identities == [f"person_{k:02d}" for k in range(4)] and module.manifest["counts"]["train"] == 16
     module.setup("fit")
@@ -39,7 +39,8 @@ def test_batches_have_the_contract_shapes_dtypes_and_ranges(tiny_cache, preload)
 
 
 def test_preloaded_and_mapped_batches_hold_the_same_values(tiny_cache):
-    loaded, mapped = (PairedDataModule(tiny_cache, 4, LoaderConfig(preload=p, jitter=False)) for p in (True, False))
+    loaded, mapped = (PairedDataModule(tiny_cache, 4, shipped("loader", preload=p, jitter=False))
+                      for p in (True, False))
     loaded.setup("fit")
     mapped.setup("fit")
     assert isinstance(loaded.splits["train"].arrays["thermal"], torch.Tensor)
@@ -79,14 +80,14 @@ def test_the_jittered_training_split_is_the_source_resized_once(tiny_cache, tiny
     cfg = dataclasses.replace(tiny_params.preprocess, image_size=36)
     np.testing.assert_array_equal(thermal[0], np.round(prepare_thermal(raw_thermal, cfg) * 65535))
     np.testing.assert_array_equal(visible[0], np.round(prepare_visible(raw_visible, raw_thermal, cfg) * 255))
-    module = PairedDataModule(tiny_cache, 4, LoaderConfig(jitter=True))
+    module = PairedDataModule(tiny_cache, 4, shipped("loader", jitter=True))
     module.setup("fit")
     batch = module.splits["train"].__getitems__([0, 1, 2])
     assert batch["visible"].shape[1:] == (32, 32, 3)
 
 
 def test_validation_is_deterministic_and_unjittered(tiny_cache):
-    module = PairedDataModule(tiny_cache, 3, LoaderConfig(jitter=True))
+    module = PairedDataModule(tiny_cache, 3, shipped("loader", jitter=True))
     module.setup("validate")
     first, second = batches(module, module.val_dataloader()), batches(module, module.val_dataloader())
     for a, b in zip(first, second):
@@ -98,7 +99,7 @@ def test_validation_is_deterministic_and_unjittered(tiny_cache):
 
 def test_a_batch_bigger_than_the_training_set_fails_clearly(tiny_cache):
     with pytest.raises(ValueError, match="16 training pairs cannot fill one batch of 32"):
-        PairedDataModule(tiny_cache, 32, LoaderConfig()).setup("fit")
+        PairedDataModule(tiny_cache, 32, shipped("loader")).setup("fit")
 
 
 DDP_SCRIPT = textwrap.dedent('''
@@ -135,7 +136,7 @@ DDP_SCRIPT = textwrap.dedent('''
         def on_train_end(self):
             Path(sys.argv[2], f"rank{self.global_rank}.json").write_text(json.dumps(self.seen))
 
-    data = PairedDataModule(sys.argv[1], 2, LoaderConfig(preload=sys.argv[3] == "1"))
+    data = PairedDataModule(sys.argv[1], 2, shipped("loader", preload=sys.argv[3] == "1"))
     Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0).fit(Recorder(), data)
 ''')

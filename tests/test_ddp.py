@@ -18,18 +18,18 @@ import torch
 from lightning.pytorch import Callback, LightningDataModule, seed_everything
 from torch.utils.data import DataLoader, DistributedSampler
 
-from thermal2visible.config import LoaderConfig, ModelConfig, TrainConfig
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.metrics import image_scores, to_unit
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import build_trainer, per_process_batch
+from shipped import shipped
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH, STEPS, SIZE = 8, 2, 16
 # No norm and no dropout: nothing in a sample's gradient depends on which process holds it. (Instance norm would
 # do too, but it leaves the biases before it with zero gradient, whose rounding noise Adam blows up to +-lr.)
-TINY = ModelConfig(ngf=8, ndf=8, norm="none", dropout=0.0)
+TINY = shipped("model", ngf=8, ndf=8, norm="none", dropout=0.0)
 # The same with pix2pixHD's options (the ResNet generator, a 2-scale D and feature matching), under each update
 # rule: simultaneous sends both D forwards through D's wrapper and G's backward through that wrapper's graph.
 HD = dataclasses.replace(TINY, generator="resnet", discriminator_scales=2)
@@ -59,7 +59,7 @@ def train_steps(devices: int, out: Path, options: str) -> None:
     """STEPS steps of a tiny Pix2Pix on a fixed, unshuffled set; rank 0 saves the weights to `out`."""
     torch.manual_seed(0)
     model, changes = OPTIONS[options]
-    train = TrainConfig(batch_size=GLOBAL_BATCH, devices=devices, accelerator="cpu", precision="32-true",
+    train = shipped("train", batch_size=GLOBAL_BATCH, devices=devices, accelerator="cpu", precision="32-true",
                         channels_last=False, fused_adam=False, max_epochs=1, **changes)
     module = Pix2Pix(model, train, SIZE, 1, 3)
     generator = torch.Generator().manual_seed(1)
@@ -82,7 +82,7 @@ def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_pa
         assert result.returncode == 0, result.stdout + result.stderr
         weights[devices] = torch.load(out, weights_only=True)
     torch.manual_seed(0)
-    initial = Pix2Pix(OPTIONS[options][0], TrainConfig(batch_size=GLOBAL_BATCH), SIZE, 1, 3).state_dict()
+    initial = Pix2Pix(OPTIONS[options][0], shipped("train", batch_size=GLOBAL_BATCH), SIZE, 1, 3).state_dict()
     moved = [name for name in initial if not torch.equal(initial[name], weights[1][name])]
     assert any(name.startswith("generator.") for name in moved) and any(n.startswith("discriminator.") for n in moved)
     for name, value in weights[1].items():
@@ -120,7 +120,7 @@ def one_face_cache(tiny_cache: Path, folder: Path, val_images: int) -> Path:
 
 def val_psnr(generator: torch.nn.Module, cache: Path) -> float:
     """Mean PSNR over the validation split, one process, every image once."""
-    data = PairedDataModule(cache, 64, LoaderConfig())
+    data = PairedDataModule(cache, 64, shipped("loader"))
     data.setup("validate")
     batch = model_batch(next(iter(data.val_dataloader())))
     with torch.no_grad():
@@ -132,10 +132,10 @@ def train_ranks(cache: Path, out: Path) -> None:
     """2 epochs of the real Pix2Pix (batch norm, dropout, jitter) on 2 ranks; each saves what it saw and its
     generator; rank 0 also the validation PSNR the run logged and the one its generator scores alone."""
     seed_everything(0, verbose=False)
-    train = TrainConfig(batch_size=4, devices=2, accelerator="cpu", precision="32-true", channels_last=False,
+    train = shipped("train", batch_size=4, devices=2, accelerator="cpu", precision="32-true", channels_last=False,
                         fused_adam=False, max_epochs=2)
-    data = PairedDataModule(cache, per_process_batch(train), LoaderConfig(jitter=True))
-    module = Pix2Pix(ModelConfig(ngf=8, ndf=8, norm="batch", dropout=0.5), train, 32, data.thermal_channels,
+    data = PairedDataModule(cache, per_process_batch(train), shipped("loader", jitter=True))
+    module = Pix2Pix(shipped("model", ngf=8, ndf=8, norm="batch", dropout=0.5), train, 32, data.thermal_channels,
                      data.visible_channels)
     seen = Seen()
     trainer = build_trainer(train, callbacks=[seen])

@@ -12,15 +12,16 @@ import torch
 from skimage.metrics import peak_signal_noise_ratio
 from skimage.transform import resize
 
-from thermal2visible.config import PreprocessConfig
+from thermal2visible.config import stored_section
 from thermal2visible.data.cache import load_manifest, raw_pairs
-from thermal2visible.data.preprocess import crop_box, normalise_frame, prepare_thermal, preprocess_config
+from thermal2visible.data.preprocess import crop_box, normalise_frame, prepare_thermal
 from thermal2visible.export import run_torch
 from thermal2visible.frames import translate_frame
 from thermal2visible.models.generator import UNetGenerator
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
+from shipped import shipped
 
-CFG = PreprocessConfig(image_size=16, face_crop=False, thermal_norm="fixed", fixed_range=(0.0, 65535.0))
+CFG = shipped("preprocess", image_size=16, face_crop=False, thermal_norm="fixed", fixed_range=(0.0, 65535.0))
 
 
 def identity(batch: np.ndarray) -> np.ndarray:
@@ -100,7 +101,8 @@ def l1_fitted_generator(cache, steps: int = 35) -> UNetGenerator:
     torch.manual_seed(0)
     thermal, visible = (torch.from_numpy(to_model(np.load(cache / f"train_{kind}.npy")))
                         for kind in ("thermal", "visible"))
-    generator = UNetGenerator(thermal.shape[1], visible.shape[1], thermal.shape[2], ngf=8, norm="batch", dropout=0.0)
+    generator = UNetGenerator(thermal.shape[1], visible.shape[1], thermal.shape[2], ngf=8, norm="batch", dropout=0.0,
+                              recompute=False)
     optimizer = torch.optim.Adam(generator.parameters(), lr=2e-3)
     for _ in range(steps):
         optimizer.zero_grad()
@@ -114,7 +116,7 @@ def test_hot_and_cold_beside_the_face_cost_it_less_than_a_db(tiny_cache):
     cold one (0) the right: its region translates within 1 dB PSNR of the face alone (mean over the test frames).
     Normalising over the whole frame squeezed the face into a fraction of the range instead: 1.7 dB worse here."""
     generator = l1_fitted_generator(tiny_cache)
-    cfg = preprocess_config(load_manifest(tiny_cache)["preprocess"])
+    cfg = stored_section("preprocess", load_manifest(tiny_cache)["preprocess"])
 
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_torch(generator, batch)

@@ -10,11 +10,11 @@ import tifffile
 from PIL import Image
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import IngestConfig
 from thermal2visible.data.ingest import IngestError, ingest, read_pair
+from shipped import shipped
 
 RNG = np.random.default_rng(0)
-FAIL, SKIP = IngestConfig(on_error="fail"), IngestConfig(on_error="skip")
+FAIL, SKIP = shipped("ingest", on_error="fail"), shipped("ingest", on_error="skip")
 
 
 def write_image(path, array):
@@ -134,7 +134,7 @@ def test_each_bad_input_is_named_with_its_reason(dataset, case):
     make, file, reason = BAD[case]
     make(dataset)
     with pytest.raises(IngestError) as caught:
-        ingest(dataset, "pairs", IngestConfig(on_error="fail", max_pixels=1000))
+        ingest(dataset, "pairs", shipped("ingest", on_error="fail", max_pixels=1000))
     assert f"{dataset / file}: {reason}" in str(caught.value)
     assert any(p.file == str(dataset / file) and reason in p.reason for p in caught.value.problems)
 

@@ -19,7 +19,7 @@ def count(model: nn.Module) -> int:
 
 
 def test_pix2pix_sizes_at_256_pixels():
-    assert count(UNetGenerator(3, 3, 256, ngf=64, norm="batch")) == 54_413_955
+    assert count(UNetGenerator(3, 3, 256, ngf=64, norm="batch", dropout=0.5, recompute=False)) == 54_413_955
     discriminator = PatchDiscriminator(6, ndf=64, norm="batch", n_layers=patch_layers(256))
     assert count(discriminator) == 2_768_705
     with torch.no_grad():
@@ -29,7 +29,7 @@ def test_pix2pix_sizes_at_256_pixels():
 @pytest.mark.parametrize("size", [16, 32, 64])
 @pytest.mark.parametrize("thermal_channels", [1, 3])
 def test_generator_depth_follows_the_image_size(size, thermal_channels):
-    generator = UNetGenerator(thermal_channels, 3, size, ngf=4).eval()
+    generator = UNetGenerator(thermal_channels, 3, size, ngf=4, norm="batch", dropout=0.5, recompute=False).eval()
     assert len(generator.encoder) == size.bit_length() - 1  # log2(size) halvings: down to 1x1
     with torch.no_grad():
         out = generator(torch.rand(2, thermal_channels, size, size) * 2 - 1)
@@ -39,7 +39,7 @@ def test_generator_depth_follows_the_image_size(size, thermal_channels):
 
 @pytest.mark.parametrize("size", [16, 32, 64])
 def test_discriminator_leaves_a_patch_map_on_small_images(size):
-    discriminator = PatchDiscriminator(4, ndf=4, n_layers=patch_layers(size))
+    discriminator = PatchDiscriminator(4, ndf=4, n_layers=patch_layers(size), norm="batch")
     with torch.no_grad():
         logits = discriminator(torch.zeros(2, 1, size, size), torch.zeros(2, 3, size, size))
     assert logits.shape[:2] == (2, 1) and min(logits.shape[2:]) >= 2
@@ -48,8 +48,8 @@ def test_discriminator_leaves_a_patch_map_on_small_images(size):
 def test_resnet_9blocks_sizes_at_256_pixels():
     """The public code's resnet_9blocks: 11,378,179 parameters with its CycleGAN default (instance norm without
     affine weights, so the convolutions keep their biases); with batch norm, the scales and shifts replace them."""
-    assert count(ResnetGenerator(3, 3, 256, ngf=64, norm="instance")) == 11_378_179
-    generator = ResnetGenerator(3, 3, 256, ngf=64, norm="batch")
+    assert count(ResnetGenerator(3, 3, 256, ngf=64, norm="instance", dropout=0.5, recompute=False)) == 11_378_179
+    generator = ResnetGenerator(3, 3, 256, ngf=64, norm="batch", dropout=0.5, recompute=False)
     assert count(generator) == 11_383_427
     assert sum(isinstance(m, ResidualBlock) for m in generator.modules()) == 9
 
@@ -57,7 +57,7 @@ def test_resnet_9blocks_sizes_at_256_pixels():
 @pytest.mark.parametrize("rows, cols", [(16, 16), (32, 32), (48, 48), (32, 64)])
 @pytest.mark.parametrize("thermal_channels", [1, 3])
 def test_resnet_output_has_the_input_size_and_the_tanh_range(rows, cols, thermal_channels):
-    generator = ResnetGenerator(thermal_channels, 3, 48, ngf=4).eval()
+    generator = ResnetGenerator(thermal_channels, 3, 48, ngf=4, norm="batch", dropout=0.5, recompute=False).eval()
     with torch.no_grad():
         out = generator(torch.rand(2, thermal_channels, rows, cols) * 2 - 1)
     assert out.shape == (2, 3, rows, cols)  # any multiple of 4: the same network at every size
@@ -67,33 +67,34 @@ def test_resnet_output_has_the_input_size_and_the_tanh_range(rows, cols, thermal
 def test_resnet_dropout_sits_between_the_two_convolutions_of_every_block():
     """The public code's use_dropout, at model.dropout's rate; batch norm means no convolution bias before it."""
     for dropout in (0.0, 0.5):
-        generator = ResnetGenerator(1, 3, 32, ngf=4, dropout=dropout)
+        generator = ResnetGenerator(1, 3, 32, ngf=4, dropout=dropout, norm="batch", recompute=False)
         for block in (m for m in generator.modules() if isinstance(m, ResidualBlock)):
             kinds = [type(layer) for layer in block.layers]
             assert (nn.Dropout in kinds) == (dropout > 0)
             if dropout:
                 assert kinds.index(nn.Dropout) == kinds.index(nn.ReLU) + 1 < kinds.index(nn.Conv2d, 2)
     assert all(conv.bias is None for conv in generator.stages[:-1].modules() if isinstance(conv, nn.Conv2d))
-    assert all(conv.bias is not None for conv in ResnetGenerator(1, 3, 32, ngf=4, norm="instance").modules()
+    instance_norm = ResnetGenerator(1, 3, 32, ngf=4, norm="instance", dropout=0.5, recompute=False)
+    assert all(conv.bias is not None for conv in instance_norm.modules()
                if isinstance(conv, (nn.Conv2d, nn.ConvTranspose2d)))
 
 
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="power of two"):
-        UNetGenerator(1, 3, 48)
+        UNetGenerator(1, 3, 48, ngf=64, norm="batch", dropout=0.5, recompute=False)
     with pytest.raises(ValueError, match="1 or 3 channels"):
-        UNetGenerator(2, 3, 32)
+        UNetGenerator(2, 3, 32, ngf=64, norm="batch", dropout=0.5, recompute=False)
     with pytest.raises(ValueError, match="multiple of 4"):
-        ResnetGenerator(1, 3, 50)
+        ResnetGenerator(1, 3, 50, ngf=64, norm="batch", dropout=0.5, recompute=False)
     with pytest.raises(ValueError, match="1 or 3 channels"):
-        ResnetGenerator(2, 3, 32)
+        ResnetGenerator(2, 3, 32, ngf=64, norm="batch", dropout=0.5, recompute=False)
 
 
 def test_one_discriminator_scale_is_the_pix2pix_patchgan():
     """model.discriminator_scales: 1 has the PatchGAN's weight names and initial weights (same seed), so runs and
     checkpoints from before the option are unchanged; its last output is the PatchGAN's logits map."""
     torch.manual_seed(0)
-    single = PatchDiscriminator(4, ndf=8, n_layers=patch_layers(32))
+    single = PatchDiscriminator(4, ndf=8, n_layers=patch_layers(32), norm="batch")
     torch.manual_seed(0)
     multi = MultiScaleDiscriminator(4, 8, "batch", 32, scales=1)
     assert list(single.state_dict()) == list(multi.state_dict())
@@ -132,7 +133,7 @@ def test_coarser_scales_see_the_pair_average_pooled_with_weights_of_their_own():
 
 @pytest.mark.parametrize("norm, layer", [("batch", nn.BatchNorm2d), ("instance", nn.InstanceNorm2d), ("none", None)])
 def test_norm_choice(norm, layer):
-    generator = UNetGenerator(1, 3, 32, ngf=4, norm=norm)
+    generator = UNetGenerator(1, 3, 32, ngf=4, norm=norm, dropout=0.5, recompute=False)
     norms = [m for m in generator.modules() if isinstance(m, (nn.BatchNorm2d, nn.InstanceNorm2d))]
     assert all(isinstance(m, layer) for m in norms) and (len(norms) > 0) == (layer is not None)
     # Convolutions carry a bias exactly when no batch norm follows them with its own shift.
@@ -141,7 +142,7 @@ def test_norm_choice(norm, layer):
 
 
 def test_dropout_in_the_three_innermost_decoder_blocks():
-    generator = UNetGenerator(1, 3, 64, ngf=4, dropout=0.5)
+    generator = UNetGenerator(1, 3, 64, ngf=4, dropout=0.5, norm="batch", recompute=False)
     with_dropout = [level for level, block in enumerate(generator.decoder)
                     if any(isinstance(m, nn.Dropout) and m.p == 0.5 for m in block.modules())]
     assert with_dropout == [3, 4, 5]  # of levels 0 (outermost) .. 5 (innermost)
@@ -152,7 +153,7 @@ def test_dropout_in_the_three_innermost_decoder_blocks():
 
 
 def test_pix2pix_initialisation():
-    generator = UNetGenerator(3, 3, 128, ngf=32)
+    generator = UNetGenerator(3, 3, 128, ngf=32, norm="batch", dropout=0.5, recompute=False)
     convs = (nn.Conv2d, nn.ConvTranspose2d)
     weights = torch.cat([m.weight.detach().flatten() for m in generator.modules() if isinstance(m, convs)])
     scales = torch.cat([m.weight.detach() for m in generator.modules() if isinstance(m, nn.BatchNorm2d)])
@@ -199,7 +200,7 @@ def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path, kind):
 
 
 def test_a_payload_from_before_the_generator_choice_loads_as_the_unet(tmp_path):
-    generator = UNetGenerator(1, 3, 32, ngf=4)
+    generator = UNetGenerator(1, 3, 32, ngf=4, norm="batch", dropout=0.5, recompute=False)
     torch.save({"state_dict": generator.state_dict(), "model": generator.config, "test_mode": "eval"},
                tmp_path / "old.pt")
     loaded, _ = load_generator(tmp_path / "old.pt")

@@ -12,19 +12,20 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from thermal2visible.errors import ConfigError
-from thermal2visible.config import ModelConfig, Params, TrainConfig
+from thermal2visible.config import SECTIONS, TrainConfig, added_later, marked, weight_defining
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
 from thermal2visible.training.module import (Pix2Pix, TrainingDiverged, adversarial_loss, feature_matching, gan_loss,
                                              linear_decay, scaled_lr)
 from thermal2visible import checkpoints
-from thermal2visible.checkpoints import NOT_DEFINING, STAMP, WEIGHT_DEFINING, find_resume, run_fingerprint
+from thermal2visible.checkpoints import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
 from thermal2visible.training.precision import resolve_precision
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch
+from shipped import SHIPPED, shipped
 
-TINY_MODEL = ModelConfig(ngf=4, ndf=4, norm="batch", dropout=0.5)
+TINY_MODEL = shipped("model", ngf=4, ndf=4, norm="batch", dropout=0.5)
 SIZE = 16
 RULES = ["alternating", "simultaneous"]  # train.update_rule
 
@@ -32,7 +33,7 @@ RULES = ["alternating", "simultaneous"]  # train.update_rule
 def tiny_train(**changes) -> TrainConfig:
     settings = dict(batch_size=2, precision="32-true", max_epochs=1, accelerator="cpu", channels_last=False,
                     fused_adam=False)
-    return TrainConfig(**(settings | changes))
+    return shipped("train", **(settings | changes))
 
 
 def loader(count=4, batch_size=2, poison=(), size=SIZE):
@@ -271,10 +272,10 @@ def test_the_loss_scale_survives_a_resume(tmp_path):
 def test_validation_scores_are_fp32_scores_of_the_saved_weights_under_bf16_mixed(tiny_cache):
     """bf16 autocast cancels SSIM's variance terms (0.28 against 0.72 on the demo): validation must score what
     evaluate scores, the fp32 generator on the same images."""
-    from thermal2visible.config import LoaderConfig
     from thermal2visible.data.datamodule import PairedDataModule, model_batch
 
-    data = PairedDataModule(tiny_cache, 4, LoaderConfig(num_workers=0, pin_memory=False, preload=True, jitter=True))
+    data = PairedDataModule(tiny_cache, 4,
+                            shipped("loader", num_workers=0, pin_memory=False, preload=True, jitter=True))
     module = Pix2Pix(TINY_MODEL, tiny_train(precision="bf16-mixed"), data.manifest["image_size"],
                      data.thermal_channels, data.visible_channels)
     trainer = build_trainer(tiny_train(precision="bf16-mixed"), limit_train_batches=2)
@@ -360,7 +361,7 @@ def test_identity_loss_uses_a_frozen_recognizer():
         Pix2Pix(TINY_MODEL, tiny_train(lambda_id=1.0), SIZE, 1, 3)
 
 
-PIX2PIXHD = ModelConfig(generator="resnet", ngf=4, ndf=4, norm="batch", dropout=0.5, discriminator_scales=2)
+PIX2PIXHD = shipped("model", generator="resnet", ngf=4, ndf=4, norm="batch", dropout=0.5, discriminator_scales=2)
 
 
 def test_resnet_with_multi_scale_d_and_feature_matching_trains_in_bf16_with_channels_last():
@@ -490,51 +491,46 @@ def test_learning_rates_decay_linearly_at_the_end():
     assert trainer.callback_metrics["lr"].item() == pytest.approx(1e-3 / 3)  # epoch 3 of 3: 1/3 of the rate
 
 
-def test_every_key_is_classed_as_defining_the_weights_or_not():
-    for section, defining in WEIGHT_DEFINING.items():
-        keys = {field.name for field in dataclasses.fields(getattr(Params(), section))}
-        assert sorted(keys) == sorted({*defining, *NOT_DEFINING[section]}), section
-        assert not set(defining) & set(NOT_DEFINING[section]), section
-
-
 def changed(config, key: str):
-    """`config` with another value of `key` (the fingerprint hashes values; it does not validate them).
+    """`config` with another value of `key`, unvalidated (the fingerprint hashes values; it does not validate them).
     train.accelerator goes from auto to cpu: the same device on this machine, so the same precision for `auto`."""
-    if key == "accelerator":
-        return dataclasses.replace(config, accelerator="cpu")
     value = getattr(config, key)
-    other = {bool: lambda: not value, int: lambda: value + 1, float: lambda: value + 0.5, tuple: lambda: (*value, 0),
-             str: lambda: value + "-changed"}[type(value)]()
-    return dataclasses.replace(config, **{key: other})
+    other = "cpu" if key == "accelerator" else {
+        bool: lambda: not value, int: lambda: value + 1, float: lambda: value + 0.5, tuple: lambda: (*value, 0),
+        str: lambda: value + "-changed"}[type(value)]()
+    config = copy.copy(config)
+    object.__setattr__(config, key, other)
+    return config
 
 
 def test_run_fingerprint_changes_with_what_defines_the_weights_and_nothing_else():
-    base = Params()
+    base = SHIPPED
     same = run_fingerprint(base, "data-md5")
-    for section in WEIGHT_DEFINING:
-        for key in (*WEIGHT_DEFINING[section], *NOT_DEFINING[section]):
-            other = dataclasses.replace(base, **{section: changed(getattr(base, section), key)})
-            assert (run_fingerprint(other, "data-md5") != same) == (key in WEIGHT_DEFINING[section]), key
+    for section, defines in ((section, marked(section, "weights")) for section in SECTIONS):
+        for key, weights in defines.items():
+            other = copy.copy(base)
+            object.__setattr__(other, section, changed(getattr(base, section), key))
+            assert (run_fingerprint(other, "data-md5") != same) == weights, key
     assert run_fingerprint(base, "other-data") != same and run_fingerprint(base, "data-md5", "recognizer") != same
 
 
 def test_keys_added_later_keep_the_fingerprint_of_runs_from_before_them(monkeypatch):
     """At the value every run had before the key existed, a new weight-defining key leaves the fingerprint as it
     was, so a run begun before the upgrade continues from its last.ckpt."""
-    base = Params()
+    base = SHIPPED
     now = run_fingerprint(base, "data-md5")
-    before = {section: tuple(key for key in keys if (section, key) not in checkpoints.ADDED_LATER)
-              for section, keys in WEIGHT_DEFINING.items()}
-    for (section, key), value in checkpoints.ADDED_LATER.items():
+    before = {section: tuple(key for key in keys if (section, key) not in added_later())
+              for section, keys in weight_defining().items()}
+    for (section, key), value in added_later().items():
         assert getattr(getattr(base, section), key) == value, f"{section}.{key}"
-        assert key in WEIGHT_DEFINING[section]
-    monkeypatch.setattr(checkpoints, "WEIGHT_DEFINING", before)
-    monkeypatch.setattr(checkpoints, "ADDED_LATER", {})
+        assert key in weight_defining()[section]
+    monkeypatch.setattr(checkpoints, "weight_defining", lambda: before)
+    monkeypatch.setattr(checkpoints, "added_later", lambda: {})
     assert run_fingerprint(base, "data-md5") == now
 
 
 def test_run_fingerprint_hashes_what_precision_auto_means_on_the_machine(monkeypatch):
-    auto = Params()  # train.precision: auto on this CPU
+    auto = SHIPPED  # train.precision: auto on this CPU
     fingerprints = {}
     for native_bf16, resolved in ((True, "bf16-mixed"), (False, "32-true")):
         monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native_bf16)

@@ -7,14 +7,15 @@ import pytest
 import tifffile
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import IngestConfig, PreprocessConfig
+from thermal2visible.config import stored_section
 from thermal2visible.data.cache import build_cache, load_manifest, load_split
 from thermal2visible.data.images import read_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.preprocess import (assign_splits, face_box, prepare_thermal, prepare_visible,
-                                             preprocess_config, sequence_of, thermal_counts)
+                                             sequence_of, thermal_counts)
+from shipped import shipped
 
-CFG = PreprocessConfig(image_size=16, face_crop=False, align=False)  # noise pairs share no outlines to align
+CFG = shipped("preprocess", image_size=16, face_crop=False, align=False)  # noise pairs share no outlines to align
 
 
 def warm_blob(height=40, width=60, top=4, left=36, side=12):
@@ -91,7 +92,7 @@ def test_cache_round_trip(tiny_cache):
     assert manifest["identities"] == [f"person_{k:02d}" for k in range(4)]
     assert (manifest["image_size"], manifest["thermal_channels"], manifest["visible_channels"]) == (32, 1, 3)
     assert len(manifest["sources"]) == 24
-    cfg = preprocess_config(manifest["preprocess"])
+    cfg = stored_section("preprocess", manifest["preprocess"])
     for split in ("train", "val", "test"):
         thermal, visible, identity = load_split(tiny_cache, split)
         assert isinstance(thermal, np.memmap) and isinstance(visible, np.memmap)
@@ -132,7 +133,7 @@ def write_pairs(root, thermal_frames, visible_frames, names):
 
 
 def cached(root, cfg, tmp_path):
-    index, problems = ingest(root, "pairs", IngestConfig())
+    index, problems = ingest(root, "pairs", shipped("ingest"))
     assert problems == []
     out = tmp_path / f"cache-{root.name}"
     build_cache(index, cfg, 10**6, out)

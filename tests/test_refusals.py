@@ -44,7 +44,7 @@ def caches(tiny_cache, tmp_path_factory) -> dict[str, Path]:
                                     ("unlabelled", unlabelled_raw(raw, work / "unlabelled_raw"), [])):
         params = load_params(_write_params(work, *overrides))
         index, _ = ingest(source, "pairs", params.ingest)
-        build_cache(index, params.preprocess, params.ingest.max_pixels, work / name)
+        build_cache(index, params.preprocess, params.ingest.max_pixels, work / name, on_error="fail")
         made[name] = work / name
     return made
 

@@ -223,7 +223,7 @@ def resplit_cache(tiny_cache: Path, folder: Path, write_params) -> Path:
     folder.mkdir()
     params = load_params(write_params(folder, "preprocess.seed=7"))
     index, _ = ingest(tiny_cache.parent / "raw", "pairs", params.ingest)
-    build_cache(index, params.preprocess, params.ingest.max_pixels, folder / "cache")
+    build_cache(index, params.preprocess, params.ingest.max_pixels, folder / "cache", on_error="fail")
     return folder / "cache"
 
 
@@ -257,7 +257,7 @@ def cache_of_kind(folder: Path, kind: str, write_params) -> Path:
     # random pictures share no outline for the camera registration to lay onto each other: align off
     params = load_params(write_params(folder, f"preprocess.thermal_norm={norm}", "preprocess.align=false"))
     index, _ = ingest(folder / "raw", "pairs", params.ingest)
-    build_cache(index, params.preprocess, params.ingest.max_pixels, folder / "cache")
+    build_cache(index, params.preprocess, params.ingest.max_pixels, folder / "cache", on_error="fail")
     return folder / "cache"
 
 

@@ -4,10 +4,10 @@ import dataclasses
 import numpy as np
 from skimage.io import imread
 
-from thermal2visible.config import SynthesizeConfig
 from thermal2visible.data.synthetic import random_face, random_shot, render, synthesize
+from shipped import shipped
 
-SMALL = SynthesizeConfig(identities=2, images_per_identity=3, resolution=32, seed=7)
+SMALL = shipped("synthesize", identities=2, images_per_identity=3, resolution=32, seed=7)
 
 
 def file_bytes(root):

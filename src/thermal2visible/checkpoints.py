@@ -9,8 +9,8 @@ Files (under `checkpoints/` and `models/`, see paths.py):
 The protocol:
   1. Every file is written to `<name>.tmp` beside it, then renamed over it (`atomic_save`): a kill mid-write
      leaves the previous file whole, and a stray `.tmp` is never read.
-  2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights,
-     `WEIGHT_DEFINING`) and its MLflow run id.
+  2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights:
+     the keys config.py marks `weights()`) and its MLflow run id.
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise (or when it
      cannot be read) the run starts afresh and deletes last.ckpt and the best file of the old run.
   4. Every checkpoint holds every rank's random state (torch CPU and CUDA, numpy, python: `RandomStreams`), taken
@@ -44,41 +44,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
-from thermal2visible.config import Params
+from thermal2visible.config import Params, added_later, weight_defining
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.networks import build_generator, saved_config
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
-
-# Per section, the keys the trained weights depend on. Every other key only says how the run is carried out
-# (device placement, speed, logging, resuming): changing it keeps last.ckpt. devices x num_nodes defines the run
-# because batch norm normalises over each process's share of the batch. tests/test_checkpoints.py checks that
-# every key of these sections is classed here or in NOT_DEFINING, so a new key cannot be forgotten.
-WEIGHT_DEFINING = {
-    "preprocess": ("image_size", "face_crop", "crop_margin", "thermal_norm", "percentiles", "fixed_range",
-                   "temperature_range", "split_by", "val_fraction", "test_fraction", "seed", "jitter_scale", "align",
-                   "align_max_residual"),
-    "loader": ("jitter",),
-    "model": ("generator", "ngf", "ndf", "norm", "dropout", "discriminator_scales"),
-    "train": ("batch_size", "base_batch_size", "lr_scaling", "lr_g", "lr_d", "beta1", "beta2", "gan_mode",
-              "lambda_l1", "lambda_id", "lambda_feat", "update_rule", "lr_decay_epochs", "min_epochs", "max_epochs",
-              "max_minutes", "precision", "devices", "num_nodes", "sync_batchnorm", "test_mode", "seed"),
-    "early_stop": ("window", "patience"),
-}
-# Weight-defining keys added after runs were stamped, with the value those runs were trained with: hashed only when
-# set to another value, so a run begun before the key existed keeps its fingerprint and its last.ckpt continues.
-ADDED_LATER = {("model", "generator"): "unet", ("model", "discriminator_scales"): 1, ("train", "lambda_feat"): 0.0,
-               ("train", "max_minutes"): 0.0, ("train", "update_rule"): "alternating"}
-NOT_DEFINING = {
-    "preprocess": (),
-    "loader": ("num_workers", "pin_memory", "preload"),
-    "model": ("recompute",),
-    "train": ("accelerator", "strategy", "channels_last", "compile", "fused_adam", "resume", "deterministic",
-              "max_bad_steps", "image_log_every"),
-    "early_stop": (),
-}
-
 
 def atomic_save(payload: dict, path: str | Path) -> None:
     path = Path(path)
@@ -99,12 +70,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def run_fingerprint(params: Params, data_hash: str, recognizer_hash: str | None = None) -> str:
     """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint."""
     defining = {section: {key: getattr(getattr(params, section), key) for key in keys}
-                for section, keys in WEIGHT_DEFINING.items()}
+                for section, keys in weight_defining().items()}
     # `auto` is hashed as what it means on this machine: a checkpoint carried to a machine where it means another
     # precision (bf16-mixed with bf16 instructions, 32-true without, 16-mixed on a GPU) starts afresh.
     defining["train"]["precision"] = resolve_precision(params.train.precision,
                                                        resolve_accelerator(params.train.accelerator))
-    for (section, key), before in ADDED_LATER.items():
+    for (section, key), before in added_later().items():
         if defining[section][key] == before:
             del defining[section][key]
     defining |= {"data": data_hash, "recognizer": recognizer_hash}

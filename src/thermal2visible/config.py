@@ -1,172 +1,194 @@
 """params.yaml -> typed, validated settings. A bad key or value fails naming `section.key` and why.
 
-params.yaml is the source of every value. The defaults below exist only so that settings stored with an older model
-or cache (which lack a newer key) still load; tests/test_config.py proves each equals params.yaml's value."""
+The schema below declares types and, on each key of the sections training reads, whether it defines the trained
+weights; it holds no values. params.yaml (with a preset or `-S` overrides over it) holds every value, so a key missing
+there is an error, not a default. Settings stored with a model or cache by an older version are read through
+`stored_section`, the one place that upgrades them."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Literal
 
 import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
 
 from thermal2visible.errors import ConfigError
 
+# JSON's strict rules, as YAML values read: 3 is no bool, "3" no int, 3 a float, a list a tuple; an unknown key fails.
+SCHEMA = ConfigDict(strict=True, extra="forbid")
+NEVER_ABSENT = object()
 
-@dataclass(frozen=True)
+
+def weights(before: object = NEVER_ABSENT):
+    """A key that defines the trained weights: it enters the run's fingerprint, so a checkpoint of a run with another
+    value never continues (checkpoints.run_fingerprint). `before`: for a key added after runs and models were stored,
+    the value they all had; at that value it leaves their fingerprint as it was, and a stored file lacking the key
+    reads as having it."""
+    return field(metadata={"weights": True, "before": before})
+
+
+def run_only():
+    """A key that only says how a run is carried out (device kind, speed, logging, resuming): changing it keeps
+    last.ckpt, and the resumed run ends with the same weights."""
+    return field(metadata={"weights": False, "before": NEVER_ABSENT})
+
+
+@dataclass(frozen=True, config=SCHEMA)
 class DataConfig:
-    source: str = "data/raw"
-    layout: Literal["pairs", "side_by_side"] = "pairs"
+    source: str
+    layout: Literal["pairs", "side_by_side"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class SynthesizeConfig:
-    identities: int = 12
-    images_per_identity: int = 16
-    resolution: int = 96
-    seed: int = 2022
-    scene: Literal["portrait", "camera"] = "portrait"
-    aspect: float = 1.0
-    parallax: tuple[float, float, float] = (0.0, 0.0, 1.0)
-    sequence_length: int = 1
+    identities: int
+    images_per_identity: int
+    resolution: int
+    seed: int
+    scene: Literal["portrait", "camera"]
+    aspect: float
+    parallax: tuple[float, float, float]
+    sequence_length: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class IngestConfig:
-    on_error: Literal["fail", "skip"] = "fail"
-    max_pixels: int = 40_000_000
+    on_error: Literal["fail", "skip"]
+    max_pixels: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class PreprocessConfig:
-    image_size: int = 64
-    face_crop: bool = False
-    crop_margin: float = 0.2
-    thermal_norm: Literal["percentile", "fixed", "temperature"] = "percentile"
-    percentiles: tuple[float, float] = (1.0, 99.0)
-    fixed_range: tuple[float, float] = (0.0, 65535.0)
-    temperature_range: tuple[float, float] = (20.0, 40.0)
-    split_by: Literal["random", "identity", "sequence"] = "random"
-    val_fraction: float = 0.15
-    test_fraction: float = 0.15
-    seed: int = 0
-    jitter_scale: float = 1.1171875
-    align: bool = True
-    align_max_residual: float = 2.0
+    image_size: int = weights()
+    face_crop: bool = weights()
+    crop_margin: float = weights()
+    thermal_norm: Literal["percentile", "fixed", "temperature"] = weights()
+    percentiles: tuple[float, float] = weights()
+    fixed_range: tuple[float, float] = weights()
+    temperature_range: tuple[float, float] = weights()
+    split_by: Literal["random", "identity", "sequence"] = weights()
+    val_fraction: float = weights()
+    test_fraction: float = weights()
+    seed: int = weights()
+    jitter_scale: float = weights()
+    align: bool = weights()
+    align_max_residual: float = weights()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class LoaderConfig:
-    num_workers: int = 0
-    pin_memory: bool = False
-    preload: bool = True
-    jitter: bool = True
+    num_workers: int = run_only()
+    pin_memory: bool = run_only()
+    preload: bool = run_only()
+    jitter: bool = weights()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class ModelConfig:
-    generator: Literal["unet", "resnet"] = "unet"
-    ngf: int = 32
-    ndf: int = 32
-    discriminator_scales: int = 1
-    norm: Literal["batch", "instance", "none"] = "batch"
-    dropout: float = 0.5
-    recompute: bool = False
+    generator: Literal["unet", "resnet"] = weights(before="unet")
+    ngf: int = weights()
+    ndf: int = weights()
+    discriminator_scales: Literal[1, 2, 3] = weights(before=1)
+    norm: Literal["batch", "instance", "none"] = weights()
+    dropout: float = weights()
+    recompute: bool = run_only()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class RecognizerConfig:
-    epochs: int = 15
-    batch_size: int = 16
-    lr: float = 1e-3
-    width: int = 16
-    seed: int = 0
+    epochs: int
+    batch_size: int
+    lr: float
+    width: int
+    seed: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class TrainConfig:
-    batch_size: int = 8
-    base_batch_size: int = 1
-    lr_scaling: Literal["none", "sqrt", "linear"] = "none"
-    lr_g: float = 2e-4
-    lr_d: float = 2e-4
-    beta1: float = 0.5
-    beta2: float = 0.999
-    gan_mode: Literal["vanilla", "lsgan"] = "vanilla"
-    lambda_l1: float = 100.0
-    lambda_id: float = 0.0
-    lambda_feat: float = 0.0
-    update_rule: Literal["alternating", "simultaneous"] = "alternating"
-    lr_decay_epochs: int = 0
-    min_epochs: int = 1
-    max_epochs: int = 200
-    max_minutes: float = 0.0
-    precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = "auto"
-    accelerator: str = "auto"
-    devices: int = 1
-    num_nodes: int = 1
-    strategy: str = "auto"
-    sync_batchnorm: bool = False
-    channels_last: bool = False
-    compile: bool = False
-    fused_adam: bool = True
-    resume: Literal["auto", "never"] = "auto"
-    deterministic: bool = False
-    max_bad_steps: int = 10
-    image_log_every: int = 5
-    seed: int = 0
-    test_mode: Literal["eval", "train"] = "eval"
+    batch_size: int = weights()
+    base_batch_size: int = weights()
+    lr_scaling: Literal["none", "sqrt", "linear"] = weights()
+    lr_g: float = weights()
+    lr_d: float = weights()
+    beta1: float = weights()
+    beta2: float = weights()
+    gan_mode: Literal["vanilla", "lsgan"] = weights()
+    lambda_l1: float = weights()
+    lambda_id: float = weights()
+    lambda_feat: float = weights(before=0.0)
+    update_rule: Literal["alternating", "simultaneous"] = weights(before="alternating")
+    lr_decay_epochs: int = weights()
+    min_epochs: int = weights()
+    max_epochs: int = weights()
+    max_minutes: float = weights(before=0.0)
+    precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = weights()
+    accelerator: str = run_only()
+    devices: int = weights()  # batch norm normalises over each process's share of the batch
+    num_nodes: int = weights()
+    strategy: str = run_only()
+    sync_batchnorm: bool = weights()
+    channels_last: bool = run_only()
+    compile: bool = run_only()
+    fused_adam: bool = run_only()
+    resume: Literal["auto", "never"] = run_only()
+    deterministic: bool = run_only()
+    max_bad_steps: int = run_only()
+    image_log_every: int = run_only()
+    seed: int = weights()
+    test_mode: Literal["eval", "train"] = weights()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class EarlyStopConfig:
-    window: int = 5
-    patience: int = 20
+    window: int = weights()
+    patience: int = weights()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class ExportConfig:
-    opset: int = 18
-    atol: float = 1e-3
-    int8: bool = False
+    opset: int
+    atol: float
+    int8: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class RegisterConfig:
-    model_name: str = "thermal2visible"
+    model_name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class ServeConfig:
-    host: str = "127.0.0.1"
-    port: int = 5001
-    max_pixels: int = 16_000_000
-    max_model_pixels: int = 1_048_576
+    host: str
+    port: int
+    max_pixels: int
+    max_model_pixels: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class MlflowConfig:
-    experiment: str = "thermal2visible"
+    experiment: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class Params:
-    data: DataConfig = field(default_factory=DataConfig)
-    synthesize: SynthesizeConfig = field(default_factory=SynthesizeConfig)
-    ingest: IngestConfig = field(default_factory=IngestConfig)
-    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
-    loader: LoaderConfig = field(default_factory=LoaderConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    recognizer: RecognizerConfig = field(default_factory=RecognizerConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
-    export: ExportConfig = field(default_factory=ExportConfig)
-    register: RegisterConfig = field(default_factory=RegisterConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
-    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    data: DataConfig
+    synthesize: SynthesizeConfig
+    ingest: IngestConfig
+    preprocess: PreprocessConfig
+    loader: LoaderConfig
+    model: ModelConfig
+    recognizer: RecognizerConfig
+    train: TrainConfig
+    early_stop: EarlyStopConfig
+    export: ExportConfig
+    register: RegisterConfig
+    serve: ServeConfig
+    mlflow: MlflowConfig
 
     def flat(self, *sections: str) -> dict[str, object]:
         """`section.key` -> value for the named sections (all when none), as MLflow params want them."""
@@ -175,47 +197,70 @@ class Params:
                 for key, value in dataclasses.asdict(getattr(self, name)).items()}
 
 
-def _coerce(value: object, annotation: object, where: str) -> object:
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        if value not in typing.get_args(annotation):
-            raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(annotation))}")
-        return value
-    if origin is tuple:
-        kinds = typing.get_args(annotation)
-        if not isinstance(value, (list, tuple)) or len(value) != len(kinds):
-            raise ConfigError(f"{where}: expected a list of {len(kinds)} numbers, got {value!r}")
-        return tuple(_coerce(v, k, f"{where}[{i}]") for i, (v, k) in enumerate(zip(value, kinds)))
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported annotation {annotation!r} at {where}")
+SECTIONS: dict[str, type] = typing.get_type_hints(Params)
 
 
-def _build(cls: type, raw: object, section: str):
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{section}: expected a mapping of keys, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{section}.{unknown[0]}: unknown key (known keys: {', '.join(sorted(known))})")
-    return cls(**{key: _coerce(value, hints[key], f"{section}.{key}") for key, value in raw.items()})
+def marked(section: str, mark: str) -> dict[str, object]:
+    """Each key of `section` -> its `mark` ("weights" or "before"); {} for a section without marks."""
+    return {f.name: f.metadata[mark] for f in dataclasses.fields(SECTIONS[section]) if mark in f.metadata}
+
+
+def weight_defining() -> dict[str, tuple[str, ...]]:
+    """Per section training reads, the keys that define the trained weights (read from the marks above)."""
+    keys = {section: tuple(key for key, defines in marked(section, "weights").items() if defines)
+            for section in SECTIONS}
+    return {section: names for section, names in keys.items() if names}
+
+
+def added_later() -> dict[tuple[str, str], object]:
+    """(section, key) -> the value every run and model stored before the key existed had."""
+    return {(section, key): before for section in SECTIONS
+            for key, before in marked(section, "before").items() if before is not NEVER_ABSENT}
+
+
+def stored_section(section: str, settings: dict):
+    """A section as stored with a model or cache (JSON: lists for tuples) -> its settings. A key added since takes
+    the value those files were made with; any other missing key means the file is not one this code can read."""
+    upgraded = {key: before for (name, key), before in added_later().items() if name == section} | settings
+    try:
+        return TypeAdapter(SECTIONS[section]).validate_json(json.dumps(upgraded))
+    except ValidationError as error:
+        raise ConfigError("\n".join(
+            f"stored {section}.{problem['loc'][0]}: missing (written before this key existed; run the stage that "
+            "wrote the file again)" if problem["type"] == "missing" else f"stored {_reason(problem, (section,))}"
+            for problem in error.errors())) from None
+
+
+def _annotation(location: tuple) -> object:
+    """The type the schema declares at `location` (section, key), or None where it declares nothing."""
+    hint: object = Params
+    for name in location:
+        if name not in getattr(hint, "__dataclass_fields__", {}):
+            return None
+        hint = typing.get_type_hints(hint)[name]
+    return hint
+
+
+def _reason(problem: dict, within: tuple = ()) -> str:
+    """One pydantic error -> `section.key: why`, in the words a params.yaml reader expects."""
+    location = within + tuple(part for part in problem["loc"] if isinstance(part, str))
+    where, value, kind = ".".join(location), problem["input"], problem["type"]
+    annotation = _annotation(location)
+    if kind == "unexpected_keyword_argument" and len(location) == 1:
+        return f"{where}: unknown section (known: {', '.join(SECTIONS)})"
+    if kind == "unexpected_keyword_argument":
+        return f"{where}: unknown key (known keys: {', '.join(sorted(SECTIONS[location[0]].__dataclass_fields__))})"
+    if kind == "dataclass_type":
+        return f"{where}: expected a mapping of keys, got {value!r}"
+    if typing.get_origin(annotation) is tuple:
+        return f"{where}: expected a list of {len(typing.get_args(annotation))} numbers, got {value!r}"
+    if kind == "missing":
+        return f"{where}: missing (params.yaml holds a value for every key; the shipped params.yaml has them all)"
+    if kind == "literal_error":
+        return f"{where}: {value!r} is not one of {list(typing.get_args(annotation))}"
+    expected = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
+                "string_type": "a string"}.get(kind)
+    return f"{where}: expected {expected}, got {value!r}" if expected else f"{where}: {problem['msg']}"
 
 
 def _check(params: Params) -> None:
@@ -227,8 +272,6 @@ def _check(params: Params) -> None:
     if m.generator == "resnet" and (size < 16 or size % 4):
         raise ConfigError(f"preprocess.image_size: {size} must be a multiple of 4 >= 16 for model.generator: resnet "
                           "(it halves the image twice and doubles it back)")
-    if m.discriminator_scales not in (1, 2, 3):
-        raise ConfigError(f"model.discriminator_scales: {m.discriminator_scales} is not one of [1, 2, 3]")
     if size >> (m.discriminator_scales - 1) < 16:
         raise ConfigError(f"model.discriminator_scales: {m.discriminator_scales} scales of a {size} px image "
                           f"(preprocess.image_size) leave the coarsest at {size >> (m.discriminator_scales - 1)} px, "
@@ -317,12 +360,10 @@ def load_params(path: str | Path = "params.yaml", overrides: typing.Sequence[str
     raw = _read_sections(path, "params")
     for override in overrides:
         apply_override(raw, override)
-    hints = typing.get_type_hints(Params)
-    known = {f.name for f in dataclasses.fields(Params)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section in {path} (known: {', '.join(sorted(known))})")
-    params = Params(**{name: _build(hints[name], raw[name], name) for name in raw})
+    try:  # YAML's values, read by JSON's rules (dates and other YAML-only values become strings)
+        params = TypeAdapter(Params).validate_json(json.dumps(raw, default=str))
+    except ValidationError as error:
+        raise ConfigError("\n".join(_reason(problem) for problem in error.errors())) from None
     _check(params)
     return params
 

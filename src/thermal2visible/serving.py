@@ -39,8 +39,7 @@ import tifffile
 from PIL import Image
 
 from thermal2visible.data.images import BadImage, decode_image
-from thermal2visible.config import PreprocessConfig
-from thermal2visible.data.preprocess import preprocess_config
+from thermal2visible.config import PreprocessConfig, stored_section
 from thermal2visible.errors import PipelineError
 from thermal2visible.export import run_onnx
 from thermal2visible.frames import model_size, translate_frame
@@ -128,7 +127,7 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         self.session = onnx_session(context.artifacts["onnx"])
         self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # None: packed before it was recorded
         metadata = onnx_metadata(self.session)
-        self.preprocess = preprocess_config(metadata["preprocess"])
+        self.preprocess = stored_section("preprocess", metadata["preprocess"])
         self.in_channels = metadata["in_channels"]
         self.max_pixels = int(context.model_config["max_pixels"])
         self.max_model_pixels = int(context.model_config["max_model_pixels"])
@@ -203,7 +202,8 @@ def thermal_kind(metadata: dict[str, object], where: str) -> ThermalKind:
     if "thermal_dtype" not in metadata:
         raise PipelineError(f"{where}: its metadata does not say which kind of thermal frame it was trained on "
                             "(exported before models recorded thermal_dtype): run the export stage again")
-    return ThermalKind(metadata["thermal_dtype"], metadata["in_channels"], preprocess_config(metadata["preprocess"]))
+    return ThermalKind(metadata["thermal_dtype"], metadata["in_channels"],
+                       stored_section("preprocess", metadata["preprocess"]))
 
 
 def image_formats(kind: ThermalKind) -> dict[str, str]:

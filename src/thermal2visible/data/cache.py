@@ -64,7 +64,7 @@ def applied_rig(manifest: dict) -> Rig | None:
     return Rig.from_dict(applied) if applied else None
 
 
-def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path, on_error: str = "fail") -> dict:
+def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path, on_error: str) -> dict:
     """Preprocess every pair of an ingest index into `out_dir`; returns the manifest it wrote. The camera rig is
     measured first (`align.register`); `on_error` (ingest.on_error) decides what a pair it cannot align does."""
     root, layout, pairs = Path(index["root"]), index["layout"], index["pairs"]

@@ -22,13 +22,6 @@ from thermal2visible.pixels import unit
 Box = tuple[int, int, int]  # top, left, side of a square
 
 
-def preprocess_config(settings: dict) -> PreprocessConfig:
-    """The preprocess section as stored with a model or a cache (JSON: lists for tuples) -> PreprocessConfig.
-    Keys a model made before a setting existed take that setting's default."""
-    return PreprocessConfig(**{key: tuple(value) if isinstance(value, list) else value
-                               for key, value in settings.items()})
-
-
 def thermal_counts(image: np.ndarray) -> np.ndarray:
     """float32 HxWxC: integer frames in 16-bit counts (8-bit stretched x257: 255 -> 65535); float temperature
     maps in their own unit (°C or K, as the radiometric tool wrote them)."""

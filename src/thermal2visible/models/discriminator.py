@@ -37,7 +37,7 @@ def patch_gan(in_channels: int, ndf: int, norm: str, n_layers: int) -> nn.Sequen
 class PatchDiscriminator(nn.Module):
     """One PatchGAN: the pair's logits map."""
 
-    def __init__(self, in_channels: int, ndf: int = 64, norm: str = "batch", n_layers: int = 3):
+    def __init__(self, in_channels: int, ndf: int, norm: str, n_layers: int):
         super().__init__()
         self.layers = patch_gan(in_channels, ndf, norm, n_layers)
         init_weights(self)
@@ -80,7 +80,7 @@ class MultiScaleDiscriminator(nn.Module):
     (64 px, n_layers 3), 2x2 (32 px, n_layers 3) and 2x2 (16 px, n_layers 2).
     """
 
-    def __init__(self, in_channels: int, ndf: int, norm: str, image_size: int, scales: int = 1):
+    def __init__(self, in_channels: int, ndf: int, norm: str, image_size: int, scales: int):
         super().__init__()
         finest, *coarser = scale_sides(image_size, scales)
         self.layers = patch_gan(in_channels, ndf, norm, patch_layers(finest))

@@ -74,8 +74,8 @@ def generator_config(in_channels: int, out_channels: int, image_size: int, ngf: 
 class UNetGenerator(nn.Module):
     kind = "unet"  # model.generator
 
-    def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int = 64,
-                 norm: str = "batch", dropout: float = 0.5, recompute: bool = False):
+    def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str,
+                 dropout: float, recompute: bool):
         super().__init__()
         levels = int(math.log2(image_size))
         if image_size < 16 or 2 ** levels != image_size:

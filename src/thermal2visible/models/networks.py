@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from thermal2visible.config import added_later
 from thermal2visible.models.generator import UNetGenerator
 from thermal2visible.models.resnet import ResnetGenerator
 
@@ -15,9 +16,9 @@ def saved_config(generator: nn.Module) -> dict:
 
 
 def build_generator(config: dict) -> nn.Module:
-    """The generator of a `saved_config`; one without `generator` is a U-Net (saved before the choice existed)."""
+    """The generator of a `saved_config`; one saved before model.generator existed is of the kind all were then."""
     arguments = dict(config)
-    kind = arguments.pop("generator", UNetGenerator.kind)
+    kind = arguments.pop("generator", added_later()[("model", "generator")])
     if kind not in GENERATORS:
         raise ValueError(f"generator {kind!r} is not one of {sorted(GENERATORS)}")
-    return GENERATORS[kind](**arguments)
+    return GENERATORS[kind](**arguments, recompute=False)  # recompute saves training memory only

@@ -18,7 +18,7 @@ STAGES = 4  # stride-2 stages: 64 px -> 4x4 features; 16 px (the smallest image)
 
 
 class IdentityRecognizer(nn.Module):
-    def __init__(self, in_channels: int, num_identities: int, width: int = 16):
+    def __init__(self, in_channels: int, num_identities: int, width: int):
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels

@@ -38,8 +38,8 @@ class ResidualBlock(nn.Module):
 class ResnetGenerator(nn.Module):
     kind = "resnet"  # model.generator
 
-    def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int = 64,
-                 norm: str = "batch", dropout: float = 0.5, recompute: bool = False):
+    def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str,
+                 dropout: float, recompute: bool):
         super().__init__()
         if image_size < 16 or image_size % 4:
             raise ValueError(f"image_size {image_size} must be a multiple of 4 >= 16 (two halvings and back)")
