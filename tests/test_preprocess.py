@@ -136,7 +136,7 @@ def cached(root, cfg, tmp_path):
     index, problems = ingest(root, "pairs", shipped("ingest"))
     assert problems == []
     out = tmp_path / f"cache-{root.name}"
-    build_cache(index, cfg, 10**6, out)
+    build_cache(index, cfg, 10**6, out, "fail")
     return {split: load_split(out, split) for split in ("train", "val", "test")}
 
 
