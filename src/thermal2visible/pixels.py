@@ -24,6 +24,16 @@ def unit(image: np.ndarray) -> np.ndarray:
     return scaled[:, :, None] if scaled.ndim == 2 else scaled
 
 
+def on_uint16_scale(image: np.ndarray) -> np.ndarray:
+    """uint8 / uint16 pixels -> float32 on uint16's scale: 8-bit stretched onto it (255 -> 65535), 16-bit kept."""
+    return image.astype(np.float32) * (FULL_SCALE[np.dtype(np.uint16)] / FULL_SCALE[image.dtype])
+
+
+def uint16_from_int16_bits(images):
+    """A torch tensor of uint16 pixels read as int16 (torch has no uint16 arithmetic) -> int32 of the same values."""
+    return images.int() & int(FULL_SCALE[np.dtype(np.uint16)])
+
+
 def unit_to_model(scaled):
     """[0, 1] -> the generator's [-1, 1], any layout (numpy array or torch tensor)."""
     return scaled * 2.0 - 1.0

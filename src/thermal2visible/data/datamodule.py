@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from thermal2visible.config import LoaderConfig
 from thermal2visible.errors import PipelineError
-from thermal2visible.pixels import stored_to_model_
+from thermal2visible.pixels import stored_to_model_, uint16_from_int16_bits
 from thermal2visible.data.cache import JITTER, load_manifest, load_split
 from thermal2visible.data.ingest import SPLITS
 
@@ -89,7 +89,7 @@ def model_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Cached integers -> float32 NCHW in [-1, 1]. Small batches cost per operation, not per pixel: one conversion
     into contiguous NCHW each, then in place."""
     as_float = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
-    thermal = (batch["thermal"].permute(0, 3, 1, 2).int() & 0xFFFF).to(**as_float)  # int16 bits -> uint16
+    thermal = uint16_from_int16_bits(batch["thermal"].permute(0, 3, 1, 2)).to(**as_float)
     visible = batch["visible"].permute(0, 3, 1, 2).to(**as_float)
     return batch | {"thermal": stored_to_model_(thermal, np.uint16), "visible": stored_to_model_(visible, np.uint8)}
 

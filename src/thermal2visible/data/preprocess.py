@@ -17,15 +17,15 @@ from skimage.transform import resize
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
-from thermal2visible.pixels import unit
+from thermal2visible.pixels import on_uint16_scale, unit
 
 Box = tuple[int, int, int]  # top, left, side of a square
 
 
 def thermal_counts(image: np.ndarray) -> np.ndarray:
-    """float32 HxWxC: integer frames in 16-bit counts (8-bit stretched x257: 255 -> 65535); float temperature
+    """float32 HxWxC: integer frames in 16-bit counts (8-bit stretched onto them); float temperature
     maps in their own unit (°C or K, as the radiometric tool wrote them)."""
-    counts = image.astype(np.float32) * (257.0 if image.dtype == np.uint8 else 1.0)
+    counts = image.astype(np.float32) if image.dtype.kind == "f" else on_uint16_scale(image)
     return counts[:, :, None] if counts.ndim == 2 else counts
 
 

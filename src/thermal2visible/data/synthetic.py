@@ -217,7 +217,7 @@ def _thermal(face: Face, shot: Shot, scene: dict[str, np.ndarray], rng: np.rando
         temp = np.where(scene[part], value, temp)
     temp = downscale_local_mean(gaussian(temp, sigma=0.6 * SUPERSAMPLE), (SUPERSAMPLE, SUPERSAMPLE))
     counts = (temp + 273.15) * 100 + rng.normal(0, 4, temp.shape) + rng.normal(0, 2, temp.shape[1])
-    return np.clip(np.round(counts), 0, 65535).astype(np.uint16)
+    return np.clip(np.round(counts), 0, np.iinfo(np.uint16).max).astype(np.uint16)
 
 
 def _visible(face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarray],
