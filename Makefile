@@ -36,7 +36,7 @@ serve: setup
 
 ui: setup
 	@echo "MLflow UI, model-training view: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db -h 127.0.0.1 -p 5000
+	$(VENV)/bin/mlflow ui -h 127.0.0.1 -p 5000  # MLflow's default store: ./mlflow.db, as the stages use
 
 screenshots: setup
 	$(PY) -m thermal2visible.ui
