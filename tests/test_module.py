@@ -149,7 +149,7 @@ def test_trainer_settings_from_params():
     assert not torch.are_deterministic_algorithms_enabled()
     ddp = build_trainer(tiny_train(devices=2, batch_size=8)).strategy
     assert isinstance(ddp, GanDDPStrategy) and ddp.num_processes == 2
-    assert ddp._get_process_group_backend() == "gloo" and ddp._ddp_kwargs == {"gradient_as_bucket_view": True}
+    assert ddp.process_group_backend == "gloo" and ddp.ddp_kwargs == {"gradient_as_bucket_view": True}
     assert per_process_batch(tiny_train(devices=2, num_nodes=2, batch_size=8)) == 2
     with pytest.raises(ConfigError, match="sync_batchnorm.*GPU"):
         build_trainer(tiny_train(sync_batchnorm=True))
