@@ -126,6 +126,19 @@ def test_linear_decay_over_the_last_epochs():
     assert [round(decay(epoch), 3) for epoch in range(10)] == [1] * 7 + [0.75, 0.5, 0.25]
 
 
+@pytest.mark.parametrize("features, in_use, native", [
+    ({"avx2": True}, "AVX2", False),  # Zen 3: bf16 emulated, 10x slower
+    ({"avx512_f": True}, "AVX512", False),  # AVX-512 without BF16 (Skylake to Ice Lake): emulated too
+    ({"avx512_f": True, "avx512_bf16": True}, "AVX512", True),  # Zen 4/5, Cooper Lake
+    ({"avx512_f": True, "avx512_bf16": True}, "AVX2", False),  # the same under ATEN_CPU_CAPABILITY=avx2
+    ({"amx_bf16": True}, "AVX512", True), ({"avx_ne_convert": True}, "AVX2", True),  # AMX; AVX2-VNNI-2
+    ({"bf16": True}, "DEFAULT", True), ({"sve_bf16": True}, "SVE256", True), ({"sve": True}, "SVE256", False)])
+def test_native_bf16_from_the_cpu_features(features, in_use, native, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: features)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: in_use)
+    assert precision_module.cpu_has_native_bf16() is native
+
+
 @pytest.mark.parametrize("native_bf16, cpu_mixed", [(True, "bf16-mixed"), (False, "32-true")])
 def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch, capsys):
     monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native_bf16)
