@@ -26,6 +26,8 @@ from thermal2visible.data.datamodule import mirrored, random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.pixels import unit_to_model
+from thermal2visible.private_apis import int8_matmul
+from thermal2visible.training.precision import cpu_has_native_bf16
 from rounds import MachineLoad
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -61,7 +63,7 @@ def machine() -> dict:
     return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "bf16_instructions": [f for f in ("amx_bf16", "avx512_bf16") if f in flags],
             "isa": widest + (f", limited to {torch.backends.cpu.get_cpu_capability()} ({limits})" if limits else ""),
-            "bf16_in_use": torch.ops.mkldnn._is_mkldnn_bf16_supported()}
+            "bf16_in_use": cpu_has_native_bf16()}
 
 
 def machine_text(facts: dict | None = None) -> str:
@@ -91,7 +93,7 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
     """
     if dtype == torch.int8:
         a, b = (torch.randint(-128, 128, (size, size), dtype=torch.int8) for _ in range(2))
-        return 2 * size ** 3 / median_seconds(lambda: torch._int_mm(a, b), repeats, warmup=2) / 1e9
+        return 2 * size ** 3 / median_seconds(lambda: int8_matmul(a, b), repeats, warmup=2) / 1e9
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     image = torch.randn(1, size, size, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
     kernel = torch.randn(size, size, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)

@@ -238,7 +238,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="t2v-train-step-") as scratch:
         for size in args.sizes:
-            torch._dynamo.reset()  # else a second size recompiles with dynamic shapes: a different (slower) program
+            torch.compiler.reset()  # else a second size recompiles with dynamic shapes: a different (slower) program
             steps = timed_steps(args.steps, size)
             pairs = int(args.batch * (args.warmup + steps + 2) / 0.9) + 4
             data = synthetic_cache(Path(scratch) / str(size), size, pairs)

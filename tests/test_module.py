@@ -127,6 +127,19 @@ def test_linear_decay_over_the_last_epochs():
     assert [round(decay(epoch), 3) for epoch in range(10)] == [1] * 7 + [0.75, 0.5, 0.25]
 
 
+@pytest.mark.parametrize("features, in_use, native", [
+    ({"avx2": True}, "AVX2", False),  # Zen 3: bf16 emulated, 10x slower
+    ({"avx512_f": True}, "AVX512", False),  # AVX-512 without BF16 (Skylake to Ice Lake): emulated too
+    ({"avx512_f": True, "avx512_bf16": True}, "AVX512", True),  # Zen 4/5, Cooper Lake
+    ({"avx512_f": True, "avx512_bf16": True}, "AVX2", False),  # the same under ATEN_CPU_CAPABILITY=avx2
+    ({"amx_bf16": True}, "AVX512", True), ({"avx_ne_convert": True}, "AVX2", True),  # AMX; AVX2-VNNI-2
+    ({"bf16": True}, "DEFAULT", True), ({"sve_bf16": True}, "SVE256", True), ({"sve": True}, "SVE256", False)])
+def test_native_bf16_from_the_cpu_features(features, in_use, native, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: features)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: in_use)
+    assert precision_module.cpu_has_native_bf16() is native
+
+
 @pytest.mark.parametrize("native_bf16, cpu_mixed", [(True, "bf16-mixed"), (False, "32-true")])
 def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch, capsys):
     monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native_bf16)
@@ -150,7 +163,7 @@ def test_trainer_settings_from_params():
     assert not torch.are_deterministic_algorithms_enabled()
     ddp = build_trainer(tiny_train(devices=2, batch_size=8)).strategy
     assert isinstance(ddp, GanDDPStrategy) and ddp.num_processes == 2
-    assert ddp._get_process_group_backend() == "gloo" and ddp._ddp_kwargs == {"gradient_as_bucket_view": True}
+    assert ddp.process_group_backend == "gloo" and ddp.ddp_kwargs == {"gradient_as_bucket_view": True}
     assert per_process_batch(tiny_train(devices=2, num_nodes=2, batch_size=8)) == 2
     with pytest.raises(ConfigError, match="sync_batchnorm.*GPU"):
         build_trainer(tiny_train(sync_batchnorm=True))

@@ -44,6 +44,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.export import run_onnx
 from thermal2visible.frames import model_size, translate_frame
 from thermal2visible.pixels import quantise
+from thermal2visible.private_apis import KeepsItsMessage
 
 IMAGE = "image"
 TRAINING_MANIFEST = "training_manifest"  # the pyfunc artifact holding the cache manifest a version trained on
@@ -65,22 +66,14 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-class ServingError(MlflowException):
+class ServingError(KeepsItsMessage):
     """An MlflowException that keeps the message it was made with.
 
     MLflow's scoring server rewrites the message of an MlflowException raised in `predict` into "Failed to predict
     data '<the request>'. Error: <message>": for the `inputs` and `instances` forms, the whole base64 request
-    echoed back. Assignments after __init__ are ignored, so the answer says only what is wrong.
+    echoed back. Assignments after __init__ are ignored (private_apis.KeepsItsMessage), so the answer says only
+    what is wrong.
     """
-
-    @property
-    def message(self) -> str:
-        return self._message
-
-    @message.setter
-    def message(self, value: str) -> None:
-        if not hasattr(self, "_message"):
-            self._message = value
 
 
 def bad_request(message: str) -> ServingError:

@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from mlflow import MlflowClient
 from mlflow.data.dataset_source_registry import resolve_dataset_source
 from mlflow.data.meta_dataset import MetaDataset
-from mlflow.entities import DatasetInput, InputTag
+from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
 
@@ -123,7 +123,8 @@ def log_dataset(client: MlflowClient, run_id: str, cache_dir: Path, digest: str,
         warnings.filterwarnings("ignore", "The specified dataset source can be interpreted in multiple ways")
         source = resolve_dataset_source(str(cache_dir.resolve()))
     dataset = MetaDataset(source, name=cache_dir.name, digest=digest)
-    client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+    # Dataset.to_dict (name, digest, source, source_type[, schema]) is the public form of the run's dataset entity
+    client.log_inputs(run_id, [DatasetInput(Dataset(**dataset.to_dict()), [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
 
 
 def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str, str] | None = None,

@@ -140,13 +140,14 @@ class Pix2Pix(LightningModule):
 
     @torch.no_grad()
     def _snapshot(self, opt_d) -> list[torch.Tensor]:
-        """A copy of `_undoable` in buffers kept from step to step: one fused copy, no allocation (a deepcopy of the
-        state dicts cost 15 % of a 64 px step). Before D's first step Adam has no state: the copy is then shorter."""
+        """A copy of `_undoable` in buffers kept from step to step, no allocation (a deepcopy of the state dicts cost
+        15 % of a 64 px step). Before D's first step Adam has no state: the copy is then shorter."""
         live = self._undoable(opt_d)
         if len(self._saved) != len(live):
             self._saved = [tensor.detach().clone() for tensor in live]
-        elif live:  # empty under the simultaneous rule without batch norm: nothing a step could leave behind
-            torch._foreach_copy_(self._saved, live)
+        else:  # a copy_ per tensor: the demo step measured as fast as with torch._foreach_copy_ (README)
+            for saved, tensor in zip(self._saved, live):
+                saved.copy_(tensor)
         return self._saved
 
     @torch.no_grad()
@@ -156,8 +157,8 @@ class Pix2Pix(LightningModule):
             for weight in self.discriminator.parameters():
                 opt_d.optimizer.state.pop(weight, None)
             live = self._undoable(opt_d)
-        if live:
-            torch._foreach_copy_(live, snapshot)
+        for tensor, saved in zip(live, snapshot):
+            tensor.copy_(saved)
 
     def _finite(self, loss: torch.Tensor, network: nn.Module) -> bool:
         """Whether `loss` and `network`'s gradients are finite on every process (all skip a step together, or DDP
@@ -256,8 +257,10 @@ class Pix2Pix(LightningModule):
         if scaler is not None and scaler.get_scale() != scale:
             # fp16: D's step ended in the GradScaler's update, which halved (overflow) or doubled (growth) the scale
             # that G's gradients still carry; G's step divides by the new one. Powers of two: exact.
-            torch._foreach_mul_([weight.grad for weight in self.generator.parameters() if weight.grad is not None],
-                                scaler.get_scale() / scale)
+            factor = scaler.get_scale() / scale
+            for weight in self.generator.parameters():
+                if weight.grad is not None:
+                    weight.grad.mul_(factor)
         opt_g.step()
         return losses
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Sequence
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
@@ -74,7 +74,12 @@ class GanDDPStrategy(DDPStrategy):
     and D in each backward and fails on the D step ("parameters that were not used in producing the loss").
     Here G and D get a wrapper each (`Pix2Pix.distribute`): the D step's backward reduces D's gradients, the
     G step's reduces G's, and no unused-parameter search is needed.
+    `ddp_kwargs` go to each DistributedDataParallel.
     """
+
+    def __init__(self, *, process_group_backend: str | None = None, **ddp_kwargs) -> None:
+        super().__init__(process_group_backend=process_group_backend)
+        self.ddp_kwargs = ddp_kwargs
 
     def setup_environment(self) -> None:
         if self.root_device.type == "cpu":
@@ -82,13 +87,11 @@ class GanDDPStrategy(DDPStrategy):
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // self.num_processes))
         super().setup_environment()
 
-    def _setup_model(self, model: LightningModule) -> LightningModule:
-        model.distribute(lambda network: DistributedDataParallel(
-            network, device_ids=self.determine_ddp_device_ids(), **self._ddp_kwargs))
-        return model
-
-    def _register_ddp_hooks(self) -> None:
-        """No communication hooks: they were slower on CPU (gloo) and need the single wrapper we do not have."""
+    def configure_ddp(self) -> None:
+        """The two wrappers in place of stock DDP's one; the strategy's model stays the LightningModule. No
+        communication hooks: they were slower on CPU (gloo) and need the single wrapper we do not have."""
+        self.model.distribute(lambda network: DistributedDataParallel(
+            network, device_ids=self.determine_ddp_device_ids(), **self.ddp_kwargs))
 
 
 def build_strategy(train: TrainConfig, accelerator: str):

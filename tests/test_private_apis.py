@@ -1,0 +1,80 @@
+"""Each private API of thermal2visible/private_apis.py, checked on the installed library: a failure names the library,
+its version and the API, so an upgrade that changes one fails here rather than somewhere downstream without a word."""
+import asyncio
+import importlib.metadata
+import json
+
+import mlflow.pyfunc
+import numpy as np
+import pytest
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.pyfunc import scoring_server
+
+from thermal2visible.private_apis import KeepsItsMessage, int8_matmul
+
+
+def changed(library: str, api: str, how: str) -> str:
+    return (f"{library} {importlib.metadata.version(library)}: {api} {how}; "
+            "update thermal2visible/private_apis.py (and what uses it)")
+
+
+def test_torch_int_mm_multiplies_int8_into_exact_int32():
+    api = "torch._int_mm (private_apis.int8_matmul)"
+    if not callable(getattr(torch, "_int_mm", None)):
+        pytest.fail(changed("torch", api, "is gone"))
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(-128, 128, shape, dtype=torch.int8, generator=generator) for shape in ((32, 64), (64, 48)))
+    try:
+        product = int8_matmul(a, b)
+    except Exception as error:  # a changed signature or a dropped CPU kernel: either way, named
+        pytest.fail(changed("torch", api, f"raises {type(error).__name__}: {error}"))
+    if product.dtype != torch.int32 or not torch.equal(product, a.int() @ b.int()):
+        pytest.fail(changed("torch", api, f"no longer gives the exact int32 product (got {product.dtype})"))
+
+
+class Refuses(mlflow.pyfunc.PythonModel):
+    """A served model whose predict raises the exception class named in its one input row."""
+
+    def predict(self, context, model_input, params=None):
+        first = str(np.asarray(model_input).ravel()[0])  # no signature: the `inputs` list arrives as an array
+        kind = {"plain": MlflowException, "kept": KeepsItsMessage}[first.split(":")[0]]
+        raise kind("row 0: not valid base64", error_code=INVALID_PARAMETER_VALUE)
+
+
+def served_answer(model, body: dict) -> tuple[int, dict]:
+    """What `mlflow models serve` answers to POST /invocations with `body`: its FastAPI app, called in-process."""
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/invocations", "raw_path": b"/invocations", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80)}
+    asyncio.run(scoring_server.init(model)(scope, receive, send))
+    status = next(message["status"] for message in sent if message["type"] == "http.response.start")
+    return status, json.loads(b"".join(message.get("body", b"") for message in sent))
+
+
+def test_mlflow_scoring_server_rewrites_messages_that_keeps_its_message_withstands(tmp_path, monkeypatch):
+    monkeypatch.setenv("_MLFLOW_IS_IN_SERVING_ENVIRONMENT", "false")  # init sets it for the process; restored after
+    mlflow.pyfunc.save_model(tmp_path / "model", python_model=Refuses(), pip_requirements=[])
+    model = mlflow.pyfunc.load_model(str(tmp_path / "model"))
+    request = "A" * 1000  # stands for a base64 image
+    api = "mlflow.pyfunc.scoring_server's rewrite of MlflowException.message (private_apis.KeepsItsMessage)"
+
+    status, answer = served_answer(model, {"inputs": [f"plain:{request}"]})
+    if status != 400 or "row 0: not valid base64" not in answer.get("message", ""):
+        pytest.fail(changed("mlflow", api, f"changed: a plain MlflowException now answers {status} {answer!s:.300}"))
+    if request not in answer["message"]:
+        pytest.fail(changed("mlflow", api, "is gone: the request is no longer echoed back, so KeepsItsMessage can go"))
+
+    status, answer = served_answer(model, {"inputs": [f"kept:{request}"]})
+    if (status, answer.get("message")) != (400, "row 0: not valid base64"):
+        pytest.fail(changed("mlflow", api, f"changed: KeepsItsMessage no longer keeps it ({status} {answer!s:.300})"))
