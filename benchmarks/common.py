@@ -1,6 +1,6 @@
 """What every benchmark shares: the machine it ran on, medians, matmul peaks, profiles, and the report files.
 
-Benchmarks run from the project root (`python benchmarks/<name>.py`); each writes reports/<name>.json (+ .png).
+Benchmarks run from the project root (`python -m benchmarks.<name>`); each writes reports/<name>.json (+ .png).
 Timings are medians of repeats after warm-up; every figure says how many torch threads made it.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from thermal2visible.data.datamodule import mirrored, random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.pixels import unit_to_model
-from rounds import MachineLoad
+from benchmarks.rounds import MachineLoad
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")

@@ -11,7 +11,7 @@ Achieved GFLOP/s (the generator's forward FLOPs counted by FlopCounterMode) is s
 the engine's arithmetic (fp32, bf16, int8).
 
 Writes reports/inference.json and reports/inference.png.
-Usage: python benchmarks/inference.py [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20]
+Usage: python -m benchmarks.inference [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20]
        [--no-rest]
 """
 from __future__ import annotations
@@ -38,9 +38,9 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (PAPER_MODEL, REPORTS, RAW_SIDE, GemmPeaks, machine_text, markdown_table,  # noqa: E402
+from benchmarks.common import (PAPER_MODEL, REPORTS, RAW_SIDE, GemmPeaks, machine_text, markdown_table,  # noqa: E402
                     median_seconds, share_text, synthetic_cache, write_report)
-from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
+from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
 from thermal2visible.servers import model_server  # noqa: E402

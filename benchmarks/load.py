@@ -6,7 +6,7 @@ depend on the weights), exported by the project's own code. Latency is measured 
 request; throughput is answered requests over the wall time of the test.
 
 Writes reports/load.json and reports/load.png (latency histogram); exits 1 if any request failed.
-Usage: python benchmarks/load.py [--clients 8] [--requests 200] [--size 64] [--ngf 32]
+Usage: python -m benchmarks.load [--clients 8] [--requests 200] [--size 64] [--ngf 32]
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-from common import REPORTS, write_report  # noqa: E402
-from inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
+from benchmarks.common import REPORTS, write_report  # noqa: E402
+from benchmarks.inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
 from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
 from thermal2visible.config import PreprocessConfig  # noqa: E402
 from thermal2visible.export import export_generator  # noqa: E402

@@ -12,7 +12,7 @@ order; the time to the target counts from the run's start to the MLflow timestam
 PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.study's.
 
 Writes reports/time_to_quality.json and reports/time_to_quality.png.
-Usage: python benchmarks/time_to_quality.py [--rounds 2] [--window 5] [--patience 8] [--max-epochs 60]
+Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window 5] [--patience 8] [--max-epochs 60]
        [--set train.lr_scaling=sqrt ...]
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 
-from common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
-from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
+from benchmarks.common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
+from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PIX2PIX_DEFAULT  # noqa: E402
