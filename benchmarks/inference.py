@@ -41,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from benchmarks.common import (PAPER_MODEL, REPORTS, RAW_SIDE, GemmPeaks, machine_text, markdown_table,  # noqa: E402
                     median_seconds, share_text, synthetic_cache, write_report)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
+from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
 from thermal2visible.servers import model_server  # noqa: E402
 from thermal2visible.export import (cache_to_model_input, export_generator, quantize_int8, run_onnx,  # noqa: E402

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import REPORTS, write_report  # noqa: E402
 from benchmarks.inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
-from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
+from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.config import PreprocessConfig  # noqa: E402
 from thermal2visible.export import export_generator  # noqa: E402
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402

@@ -28,9 +28,8 @@ from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.export import run_torch
 from thermal2visible.frames import full_frame_psnr
 from thermal2visible.metrics import image_scores, rank1_accuracy, score_means, to_unit, verification_auc
-from thermal2visible.checkpoints import load_generator
 from thermal2visible.models.generator import as_tested
-from thermal2visible.models.recognizer import load_recognizer
+from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
 from thermal2visible.tracking.store import log_artifact, start_run, training_run_id
 from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, RECOGNIZER

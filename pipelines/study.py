@@ -41,7 +41,7 @@ from mlflow import MlflowClient  # noqa: E402
 
 from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
 from thermal2visible.config import LoaderConfig, load_params, preset_overrides  # noqa: E402
-from thermal2visible.checkpoints import load_generator  # noqa: E402
+from thermal2visible.models.payloads import load_generator  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule, model_batch  # noqa: E402
 from thermal2visible.models.generator import as_tested  # noqa: E402
 from thermal2visible.paths import GENERATOR, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402

@@ -21,11 +21,10 @@ from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
 from thermal2visible.errors import ConfigError, PipelineError
-from thermal2visible.checkpoints import load_generator
-from thermal2visible.models.recognizer import load_recognizer
+from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.serving import ServingError, bad_request, decode_row, max_encoded_length, pyfunc_arguments
 from thermal2visible.tracking.store import tracking_uri
-from thermal2visible.checkpoints import find_resume
+from thermal2visible.training.resume import find_resume
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [*(REPO / "src").rglob("*.py"), *(REPO / "pipelines").rglob("*.py"), *(REPO / "benchmarks").glob("*.py"),
@@ -74,7 +73,7 @@ def torch_load_calls() -> list[tuple[Path, ast.Call]]:
 
 def test_every_checkpoint_load_is_weights_only():
     calls = torch_load_calls()
-    assert len(calls) >= 3  # checkpoints.find_resume and load_generator, load_recognizer at least
+    assert len(calls) >= 3  # resume.find_resume and load_generator, load_recognizer at least
     for path, call in calls:
         assert any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in call.keywords), \
             f"{path.relative_to(REPO)}:{call.lineno}: {ast.unparse(call)}"

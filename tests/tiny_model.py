@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from thermal2visible.export import cache_to_model_input, export_generator
-from thermal2visible.checkpoints import load_generator, save_generator
+from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
 from thermal2visible.tracking.store import data_hash
 
