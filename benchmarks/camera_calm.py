@@ -1,6 +1,6 @@
 """Does a hot radiator or a cold window in the room change how a camera-scene model translates everything else?
 Each test frame of the built-in camera scene is rendered twice from its own shot, as synthesized (radiator and window
-in view) and calm (the same shot with both taken out of the room), translated by `frames.translate_frame` (the
+in view) and calm (the same shot with both taken out of the room), translated by `inference.frames.translate_frame` (the
 served path) through the exported ONNX model and scored against the calm visible frame of a registered camera.
 
     python -m benchmarks.camera_calm --params params.yaml --preset params/camera.yaml \
@@ -25,10 +25,9 @@ from benchmarks.common import machine_text, write_report
 from thermal2visible.config import load_params, preset_overrides, stored_section
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.synthetic import random_face, render, shot_of
-from thermal2visible.export import run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import unit
-from thermal2visible.serving import onnx_metadata, onnx_session
 
 GROW = 4  # pixels around the objects left out too: the resize to the model's size blurs their edges
 NAME = re.compile(r"thermal/person_(\d+)/seq(\d+)_(\d+)\.png$")

@@ -31,9 +31,9 @@ from lightning.pytorch import Callback  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
 from benchmarks.common import (PAPER_MODEL, REPORTS, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
-                    synthetic_cache, write_report)
+                               synthetic_cache, write_report)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.servers import free_port  # noqa: E402
+from thermal2visible.dev.servers import free_port  # noqa: E402
 from thermal2visible.config import LoaderConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402

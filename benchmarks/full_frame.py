@@ -23,10 +23,10 @@ from benchmarks.rounds import measure_rounds, ratio_text, summarize
 from thermal2visible.config import PreprocessConfig, stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.data.preprocess import prepare_thermal
-from thermal2visible.export import median_latency_ms, run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.inference.export import median_latency_ms
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
-from thermal2visible.serving import onnx_metadata, onnx_session
 
 
 def stretched(generate, frame: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:

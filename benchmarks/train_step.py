@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from benchmarks.common import (PAPER_MODEL, PAPER_SIZE, REPORTS, BatchClock, GemmPeaks, decoded_batch,  # noqa: E402
-                    machine_text, markdown_table, profile_summary, share_text, synthetic_cache, write_report)
+                               machine_text, markdown_table, profile_summary, share_text, synthetic_cache, write_report)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.config import (IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig,  # noqa: E402
                                     TrainConfig)

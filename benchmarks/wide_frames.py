@@ -1,6 +1,6 @@
 """Does a hot or cold object beside the face change how the face is translated? The test faces of a built cache,
-each alone and in the middle of a frame three times as wide, translated by `frames.translate_frame` (the served
-path) through the exported ONNX model, scored on the face alone.
+each alone and in the middle of a frame three times as wide, translated by `inference.frames.translate_frame` (the
+served path) through the exported ONNX model, scored on the face alone.
 
     python -m benchmarks.wide_frames --onnx models/generator.onnx --cache data/cache
 
@@ -22,10 +22,9 @@ from skimage.metrics import peak_signal_noise_ratio
 from benchmarks.common import machine_text, write_report
 from thermal2visible.config import stored_section
 from thermal2visible.data.cache import raw_pairs
-from thermal2visible.export import run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import unit
-from thermal2visible.serving import onnx_metadata, onnx_session
 
 
 def widened(thermal: np.ndarray) -> np.ndarray:

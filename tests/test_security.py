@@ -17,12 +17,13 @@ import pytest
 import tifffile
 import torch
 from PIL import Image
-from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
+from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.models.payloads import load_generator, load_recognizer
-from thermal2visible.serving import ServingError, bad_request, decode_row, max_encoded_length, pyfunc_arguments
+from thermal2visible.inference.serving import (ServingError, bad_request, decode_row, max_encoded_length,
+                                               pyfunc_arguments)
 from thermal2visible.tracking.store import tracking_uri
 from thermal2visible.training.resume import find_resume
 
@@ -48,8 +49,9 @@ def listening_addresses(port: int) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the listening sockets from Linux's /proc")
 def test_mlflow_servers_listen_on_loopback_only_when_no_host_is_given(tmp_path, tiny_cache):
-    arguments = pyfunc_arguments(export_tiny(tmp_path, tiny_cache), max_pixels=10_000, max_model_pixels=1_048_576)
-    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
+    onnx_path = export_tiny(tmp_path, tiny_cache)
+    with pyfunc_arguments(onnx_path, max_pixels=10_000, max_model_pixels=1_048_576) as arguments:
+        mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     port = free_port()
     tracking = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port),
                 "--workers", "1"]
