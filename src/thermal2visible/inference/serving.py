@@ -52,7 +52,8 @@ TRAINING_MANIFEST = "training_manifest"  # the pyfunc artifact holding the cache
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
 EXAMPLE_SIDE = 32
 # What the pyfunc imports when it runs (its own code travels with the model as code_paths: PACKED).
-REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML")
+REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML",
+                "pydantic")
 # The package files the served model runs: this module and what it imports, transitively, and nothing else (no
 # training, tracking or dev code; tests/test_inference_package.py checks the list against the imports).
 PACKAGE = Path(__file__).resolve().parents[1]
