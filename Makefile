@@ -39,7 +39,7 @@ ui: setup
 	$(VENV)/bin/mlflow ui -h 127.0.0.1 -p 5000  # MLflow's default store: ./mlflow.db, as the stages use
 
 screenshots: setup
-	$(PY) -m thermal2visible.ui
+	$(PY) -m thermal2visible.dev.ui
 
 test: setup
 	$(PY) -m pytest

@@ -1,9 +1,9 @@
 """Does a hot radiator or a cold window in the room change how a camera-scene model translates everything else?
 Each test frame of the built-in camera scene is rendered twice from its own shot, as synthesized (radiator and window
-in view) and calm (the same shot with both taken out of the room), translated by `frames.translate_frame` (the
+in view) and calm (the same shot with both taken out of the room), translated by `inference.frames.translate_frame` (the
 served path) through the exported ONNX model and scored against the calm visible frame of a registered camera.
 
-    python benchmarks/camera_calm.py --params params.yaml --preset params/camera.yaml \
+    python -m benchmarks.camera_calm --params params.yaml --preset params/camera.yaml \
         --onnx models/generator.onnx --cache data/cache
 
 PSNR (dB, [0, 1] images, mean over the test frames) over the pixels the two renders share: where the objects are
@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 from scipy.ndimage import binary_dilation
 
-from common import machine_text, write_report
+from benchmarks.common import machine_text, write_report
 from thermal2visible.config import load_params, preset_overrides, stored_section
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.synthetic import random_face, render, shot_of
-from thermal2visible.export import run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import unit
-from thermal2visible.serving import onnx_metadata, onnx_session
 
 GROW = 4  # pixels around the objects left out too: the resize to the model's size blurs their edges
 NAME = re.compile(r"thermal/person_(\d+)/seq(\d+)_(\d+)\.png$")
@@ -75,7 +74,7 @@ def main() -> None:
         for name, thermal in (("with radiator and window", busy), ("calm", calm)):
             scores[name].append(shared_psnr(translate_frame(generate, thermal, cfg), unit(truth), shared))
     psnr = {name: round(float(np.mean(values)), 2) for name, values in scores.items()}
-    report = {"command": f"python benchmarks/camera_calm.py --params {args.params} --preset {args.preset} "
+    report = {"command": f"python -m benchmarks.camera_calm --params {args.params} --preset {args.preset} "
                          f"--onnx {args.onnx} --cache {args.cache}",
               "machine_text": machine_text(), "image_size": cfg.image_size, "thermal_norm": cfg.thermal_norm,
               "test_frames": len(scores["calm"]), "psnr_db": psnr,

@@ -1,6 +1,6 @@
 """What every benchmark shares: the machine it ran on, medians, matmul peaks, profiles, and the report files.
 
-Benchmarks run from the project root (`python benchmarks/<name>.py`); each writes reports/<name>.json (+ .png).
+Benchmarks run from the project root (`python -m benchmarks.<name>`); each writes reports/<name>.json (+ .png).
 Timings are medians of repeats after warm-up; every figure says how many torch threads made it.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from thermal2visible.data.synthetic import synthesize
 from thermal2visible.pixels import unit_to_model
 from thermal2visible.private_apis import int8_matmul
 from thermal2visible.training.precision import cpu_has_native_bf16
-from rounds import MachineLoad
+from benchmarks.rounds import MachineLoad
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")

@@ -1,6 +1,6 @@
 """Data-parallel scaling on this CPU: 1 vs 2 worker processes (1 thread each, gloo), same per-worker batch.
 
-Every configuration is a fresh `python benchmarks/ddp_scaling.py --worker ...` process that trains the project's
+Every configuration is a fresh `python -m benchmarks.ddp_scaling --worker ...` process that trains the project's
 Pix2Pix (paper model, default precision: bf16-mixed where the CPU has bf16 instructions, channels_last, fused Adam,
 preloaded cache) under a real Trainer: 1 worker without DDP, 2 workers under the project's GanDDPStrategy
 (Lightning's launcher starts the second rank by running the same command line again), with DDP's bucket settings
@@ -9,7 +9,7 @@ bf16 compression hook on CPU by its name, so the bf16 hook here is the project's
 The configurations run in interleaved rounds (benchmarks/rounds.py); the figure compared is seconds per image.
 
 Writes reports/ddp_scaling.json and reports/ddp_scaling.png.
-Usage: python benchmarks/ddp_scaling.py [--size 256] [--batches 4] [--rounds 3] [--repeats 4] [--configs ...]
+Usage: python -m benchmarks.ddp_scaling [--size 256] [--batches 4] [--rounds 3] [--repeats 4] [--configs ...]
 """
 
 import argparse
@@ -30,10 +30,10 @@ import torch.multiprocessing as mp  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
-from common import (PAPER_MODEL, REPORTS, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
-                    synthetic_cache, write_report)
-from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.servers import free_port  # noqa: E402
+from benchmarks.common import (PAPER_MODEL, REPORTS, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
+                               synthetic_cache, write_report)
+from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
+from thermal2visible.dev.servers import free_port  # noqa: E402
 from thermal2visible.config import LoaderConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
@@ -121,8 +121,8 @@ def allreduce_seconds(numel: int, scratch: Path) -> dict:
 def seconds_per_image(name: str, batch: int, cache: Path, args, scratch: Path) -> float:
     out = scratch / "result.json"
     out.unlink(missing_ok=True)
-    command = [sys.executable, __file__, "--worker", json.dumps(CONFIGS[name]), "--cache", str(cache),
-               "--size", str(args.size), "--batches", str(batch), "--warmup", str(args.warmup),
+    command = [sys.executable, "-m", "benchmarks.ddp_scaling", "--worker", json.dumps(CONFIGS[name]),
+               "--cache", str(cache), "--size", str(args.size), "--batches", str(batch), "--warmup", str(args.warmup),
                "--repeats", str(args.repeats), "--out", str(out)]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0 or not out.is_file():

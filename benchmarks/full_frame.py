@@ -1,7 +1,7 @@
 """Full-frame translation: `pad` (one fully convolutional pass) against `tile` (overlapping training-size tiles),
 with the old centre-square-stretched-to-the-frame as the reference, on the test pairs of a built cache.
 
-    python benchmarks/full_frame.py --onnx models/generator.onnx --cache data/cache --out reports/full_frame.json
+    python -m benchmarks.full_frame --onnx models/generator.onnx --cache data/cache --out reports/full_frame.json
 
 PSNR (dB, [0, 1] images, mean over frames) on the test faces as they are (square) and on two and three test faces
 side by side (2:1 and 3:1: the wide frames where the methods differ; a frame is scaled by image_size / its shorter
@@ -18,15 +18,15 @@ import numpy as np
 from skimage.metrics import peak_signal_noise_ratio
 from skimage.transform import resize
 
-from common import machine, machine_text
-from rounds import measure_rounds, ratio_text, summarize
+from benchmarks.common import machine, machine_text
+from benchmarks.rounds import measure_rounds, ratio_text, summarize
 from thermal2visible.config import PreprocessConfig, stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.data.preprocess import prepare_thermal
-from thermal2visible.export import median_latency_ms, run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.inference.export import median_latency_ms
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
-from thermal2visible.serving import onnx_metadata, onnx_session
 
 
 def stretched(generate, frame: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:

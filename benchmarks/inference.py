@@ -11,7 +11,7 @@ Achieved GFLOP/s (the generator's forward FLOPs counted by FlopCounterMode) is s
 the engine's arithmetic (fp32, bf16, int8).
 
 Writes reports/inference.json and reports/inference.png.
-Usage: python benchmarks/inference.py [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20]
+Usage: python -m benchmarks.inference [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20]
        [--no-rest]
 """
 from __future__ import annotations
@@ -38,16 +38,17 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (PAPER_MODEL, REPORTS, RAW_SIDE, GemmPeaks, machine_text, markdown_table,  # noqa: E402
-                    median_seconds, share_text, synthetic_cache, write_report)
-from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
+from benchmarks.common import (PAPER_MODEL, REPORTS, RAW_SIDE, GemmPeaks, machine_text, markdown_table,  # noqa: E402
+                               median_seconds, share_text, synthetic_cache, write_report)
+from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
+from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
-from thermal2visible.servers import model_server  # noqa: E402
-from thermal2visible.export import (cache_to_model_input, export_generator, quantize_int8, run_onnx,  # noqa: E402
-                                    run_torch)
+from thermal2visible.dev.servers import model_server  # noqa: E402
+from thermal2visible.inference.export import (cache_to_model_input, export_generator, quantize_int8,  # noqa: E402
+                                              run_torch)
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
-from thermal2visible.serving import IMAGE, onnx_session, pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.serving import IMAGE, pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
 from thermal2visible.training.precision import cpu_has_native_bf16  # noqa: E402
 
 
@@ -185,8 +186,8 @@ def main() -> None:
         serving = None
         if not args.no_rest:
             model_dir = scratch / "pyfunc"
-            mlflow.pyfunc.save_model(str(model_dir), **pyfunc_arguments(fp32, max_pixels=16_000_000,
-                                                                          max_model_pixels=1_048_576))
+            with pyfunc_arguments(fp32, max_pixels=16_000_000, max_model_pixels=1_048_576) as arguments:
+                mlflow.pyfunc.save_model(str(model_dir), **arguments)
             serving = rest_vs_in_process(model_dir, args.size, args.requests, args.rounds, scratch)
     rows = []
     for batch, result in results.items():

@@ -6,7 +6,7 @@ depend on the weights), exported by the project's own code. Latency is measured 
 request; throughput is answered requests over the wall time of the test.
 
 Writes reports/load.json and reports/load.png (latency histogram); exits 1 if any request failed.
-Usage: python benchmarks/load.py [--clients 8] [--requests 200] [--size 64] [--ngf 32]
+Usage: python -m benchmarks.load [--clients 8] [--requests 200] [--size 64] [--ngf 32]
 """
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-from common import REPORTS, write_report  # noqa: E402
-from inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
-from thermal2visible.checkpoints import load_generator, save_generator  # noqa: E402
+from benchmarks.common import REPORTS, write_report  # noqa: E402
+from benchmarks.inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
+from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.config import PreprocessConfig  # noqa: E402
-from thermal2visible.export import export_generator  # noqa: E402
+from thermal2visible.inference.export import export_generator  # noqa: E402
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
-from thermal2visible.serving import IMAGE, pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.serving import IMAGE, pyfunc_arguments  # noqa: E402
 
-from thermal2visible.servers import model_server  # noqa: E402
+from thermal2visible.dev.servers import model_server  # noqa: E402
 
 
 def served_model(folder: Path, size: int, ngf: int) -> Path:
@@ -48,8 +48,8 @@ def served_model(folder: Path, size: int, ngf: int) -> Path:
     generator, payload = load_generator(folder / "generator.pt")
     # thermal_dtype: the kind of frame the clients send (16-bit PNGs)
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype="uint16")
-    arguments = pyfunc_arguments(folder / "generator.onnx", max_pixels=16_000_000, max_model_pixels=1_048_576)
-    mlflow.pyfunc.save_model(str(folder / "pyfunc"), **arguments)
+    with pyfunc_arguments(folder / "generator.onnx", max_pixels=16_000_000, max_model_pixels=1_048_576) as arguments:
+        mlflow.pyfunc.save_model(str(folder / "pyfunc"), **arguments)
     return folder / "pyfunc"
 
 

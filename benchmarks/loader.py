@@ -6,7 +6,7 @@ The loaders are compared in interleaved rounds (benchmarks/rounds.py): seconds p
 
 Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.py, preprocess.py in turn).
 Prints the figures and writes reports/loader.json and reports/loader.png.
-Usage: python benchmarks/loader.py [--rounds 3]
+Usage: python -m benchmarks.loader [--rounds 3]
 """
 import argparse
 import dataclasses
@@ -19,8 +19,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from common import decoded_batch, machine_text, profile_summary, write_report
-from rounds import measure_rounds, plot_speedups, ratio_text, summarize
+from benchmarks.common import decoded_batch, machine_text, profile_summary, write_report
+from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import load_manifest

@@ -9,10 +9,10 @@ pipelines/preprocess.py), each in a scratch project, then `pipelines/evaluate.py
 same PSNR rule (window/patience scaled down from the paper's 50/50, and a cap on epochs: both stated in the report).
 The runs are interleaved (benchmarks/rounds.py): each round trains every setup with that round's seed, in rotated
 order; the time to the target counts from the run's start to the MLflow timestamp of the first epoch whose smoothed
-PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.study's.
+PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.dev.study's.
 
 Writes reports/time_to_quality.json and reports/time_to_quality.png.
-Usage: python benchmarks/time_to_quality.py [--rounds 2] [--window 5] [--patience 8] [--max-epochs 60]
+Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window 5] [--patience 8] [--max-epochs 60]
        [--set train.lr_scaling=sqrt ...]
 """
 from __future__ import annotations
@@ -28,12 +28,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 
-from common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
-from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
+from benchmarks.common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
+from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PIX2PIX_DEFAULT  # noqa: E402
-from thermal2visible.study import evaluate_child, prepare_cache, train_child  # noqa: E402
+from thermal2visible.dev.study import evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
 
 PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yaml)"

@@ -15,7 +15,7 @@ AVX2-only CPU on a newer one, start Python with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU
 MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
 
 Writes reports/train_step.json, reports/train_step.md and reports/train_step.png (--report names them otherwise).
-Usage: python benchmarks/train_step.py [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
+Usage: python -m benchmarks.train_step [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
        [--report train_step]
 """
 from __future__ import annotations
@@ -38,9 +38,9 @@ from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from common import (PAPER_MODEL, PAPER_SIZE, REPORTS, BatchClock, GemmPeaks, decoded_batch,  # noqa: E402
-                    machine_text, markdown_table, profile_summary, share_text, synthetic_cache, write_report)
-from rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
+from benchmarks.common import (PAPER_MODEL, PAPER_SIZE, REPORTS, BatchClock, GemmPeaks, decoded_batch,  # noqa: E402
+                               machine_text, markdown_table, profile_summary, share_text, synthetic_cache, write_report)
+from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.config import (IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig,  # noqa: E402
                                     TrainConfig)
 from thermal2visible.data.cache import load_manifest  # noqa: E402

@@ -1,8 +1,8 @@
 """Does a hot or cold object beside the face change how the face is translated? The test faces of a built cache,
-each alone and in the middle of a frame three times as wide, translated by `frames.translate_frame` (the served
-path) through the exported ONNX model, scored on the face alone.
+each alone and in the middle of a frame three times as wide, translated by `inference.frames.translate_frame` (the
+served path) through the exported ONNX model, scored on the face alone.
 
-    python benchmarks/wide_frames.py --onnx models/generator.onnx --cache data/cache
+    python -m benchmarks.wide_frames --onnx models/generator.onnx --cache data/cache
 
 PSNR (dB, [0, 1] images, mean over the test frames) of the face region against the real visible face, for:
 the face alone (the square test frame); the face with sides that repeat its edge columns (a calm wide frame);
@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 from skimage.metrics import peak_signal_noise_ratio
 
-from common import machine_text, write_report
+from benchmarks.common import machine_text, write_report
 from thermal2visible.config import stored_section
 from thermal2visible.data.cache import raw_pairs
-from thermal2visible.export import run_onnx
-from thermal2visible.frames import translate_frame
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import unit
-from thermal2visible.serving import onnx_metadata, onnx_session
 
 
 def widened(thermal: np.ndarray) -> np.ndarray:
@@ -74,7 +73,7 @@ def main() -> None:
     psnr = {name: round(float(np.mean([face_psnr(generate, cfg, thermal, visible, layout)
                                        for thermal, visible in pairs])), 2) for name, layout in LAYOUTS.items()}
     alone = psnr["face alone"]
-    report = {"command": f"python benchmarks/wide_frames.py --onnx {args.onnx} --cache {args.cache}",
+    report = {"command": f"python -m benchmarks.wide_frames --onnx {args.onnx} --cache {args.cache}",
               "machine_text": machine_text(), "image_size": cfg.image_size, "thermal_norm": cfg.thermal_norm,
               "test_frames": len(pairs), "face_psnr_db": psnr,
               "vs_face_alone_db": {name: round(value - alone, 2) for name, value in psnr.items()}}

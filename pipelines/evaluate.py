@@ -25,12 +25,11 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params, stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
-from thermal2visible.export import run_torch
-from thermal2visible.frames import full_frame_psnr
+from thermal2visible.inference.export import run_torch
+from thermal2visible.inference.frames import full_frame_psnr
 from thermal2visible.metrics import image_scores, rank1_accuracy, score_means, to_unit, verification_auc
-from thermal2visible.checkpoints import load_generator
 from thermal2visible.models.generator import as_tested
-from thermal2visible.models.recognizer import load_recognizer
+from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
 from thermal2visible.tracking.store import log_artifact, start_run, training_run_id
 from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, RECOGNIZER
@@ -123,7 +122,7 @@ def main(params: Params) -> None:
         with as_tested(generator, payload["test_mode"]):
             return run_torch(generator, batch)
 
-    # the same frames at full size, in register, through the code that serves them (frames.translate_frame)
+    # the same frames at full size, in register, through the code that serves them (inference.frames.translate_frame)
     results["generator"]["psnr_full_frame"] = full_frame_psnr(
         generate, stored_section("preprocess", payload["preprocess"]), raw_pairs(CACHE, "test"))
     identity = identity_scores(faces, data.identities, data.manifest["preprocess"]["split_by"])

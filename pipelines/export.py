@@ -15,11 +15,11 @@ import numpy as np
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
-from thermal2visible.export import (cache_to_model_input, check_parity, export_generator, median_latency_ms, psnr,
-                                    quantize_int8, run_onnx, run_torch)
-from thermal2visible.checkpoints import load_generator
+from thermal2visible.inference.export import (cache_to_model_input, check_parity, export_generator, median_latency_ms,
+                                              psnr, quantize_int8, run_torch)
+from thermal2visible.inference.session import onnx_session, run_onnx
+from thermal2visible.models.payloads import load_generator
 from thermal2visible.data.cache import load_manifest
-from thermal2visible.serving import onnx_session
 from thermal2visible.paths import CACHE, GENERATOR, ONNX, ONNX_INT8, EXPORT_METRICS
 
 CALIBRATION_IMAGES = 64

@@ -1,8 +1,8 @@
 """register: models/generator.onnx -> a new version of `register.model_name` in the MLflow registry.
 
 The version becomes `champion` when the export's parity check passed and, scored on this cache's test frames
-at full size by the same code (frames.translate_frame), it is at least as good as the current champion scored
-on the same frames (when the champion was trained on other data: on those of the frames it never trained on);
+at full size by the same code (inference.frames.translate_frame), it is at least as good as the current champion
+scored on the same frames (when the champion was trained on other data: on those of the frames it never trained on);
 otherwise `challenger`. Both scores and what they were taken on go on the version as tags and into
 metrics/register.json. The cache manifest is packed with the version: the record of what it trained on.
 Tracking server: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in this folder.
@@ -21,10 +21,10 @@ from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.cache import MANIFEST, load_manifest, raw_pairs
-from thermal2visible.export import run_onnx
-from thermal2visible.frames import full_frame_psnr
-from thermal2visible.registry import register
-from thermal2visible.serving import ThermalToVisible, onnx_metadata, onnx_session
+from thermal2visible.inference.frames import full_frame_psnr
+from thermal2visible.inference.registry import register
+from thermal2visible.inference.serving import ThermalToVisible
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.tracking.store import data_hash, git_tags, tracking_uri, training_run_id
 from thermal2visible.paths import CACHE, ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS
 
@@ -42,9 +42,9 @@ def read_metrics(path: Path, stage: str) -> dict:
 class TestFrames:
     """The new version's test frames (full size, in register, as served) and what a registered model trained on.
 
-    `score` runs a registered model on them through the serving code (frames.translate_frame); `trained_on` reads
-    the training manifest packed with a model (serving.pyfunc_arguments), so the gate can leave out the frames a
-    champion trained on when the data changed."""
+    `score` runs a registered model on them through the serving code (inference.frames.translate_frame);
+    `trained_on` reads the training manifest packed with a model (inference.serving.pyfunc_arguments), so the gate
+    can leave out the frames a champion trained on when the data changed."""
 
     def __init__(self, cache: Path):
         tests = [source for source in load_manifest(cache)["sources"] if source["split"] == "test"]

@@ -23,14 +23,14 @@ from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
-from thermal2visible.models.recognizer import load_recognizer
+from thermal2visible.models.payloads import load_recognizer
 from thermal2visible.tracking.exactly_once import CheckpointedMLFlowLogger, MetricsInCheckpoint
 from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
 from thermal2visible.tracking.store import data_hash, log_artifact, start_run
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
-from thermal2visible.checkpoints import checkpointing, find_resume, run_fingerprint
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
+from thermal2visible.training.resume import checkpointing, find_resume, run_fingerprint
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
 from thermal2visible.paths import CACHE, RECOGNIZER, GENERATOR, CHECKPOINTS, TRAIN_METRICS, PSNR_CSV, PSNR_CURVE
 

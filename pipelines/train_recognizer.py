@@ -14,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from thermal2visible.cli import run_stage
 from thermal2visible.config import Params
 from thermal2visible.data.datamodule import PairedDataModule
+from thermal2visible.models.payloads import save_recognizer
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.tracking.store import log_artifact, start_run
 from thermal2visible.training.precision import resolve_accelerator
@@ -43,9 +44,8 @@ class RecognizerTask(LightningModule):
         return torch.optim.Adam(self.model.parameters(), lr=self.lr)
 
 
-def write(payload: dict, metrics: dict) -> None:
-    RECOGNIZER.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, RECOGNIZER)
+def write(identities: list[str], model: IdentityRecognizer | None, metrics: dict) -> None:
+    save_recognizer(RECOGNIZER, identities, model)
     RECOGNIZER_METRICS.parent.mkdir(parents=True, exist_ok=True)
     RECOGNIZER_METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
 
@@ -55,7 +55,7 @@ def main(params: Params) -> None:
     data = PairedDataModule(CACHE, cfg.batch_size, params.loader)
     identities = data.identities
     if not identities:
-        write({"identities": []}, {"identities": 0, "val_accuracy": None})
+        write([], None, {"identities": 0, "val_accuracy": None})
         print(f"train_recognizer: {CACHE} has no identity labels; no recognizer (train.lambda_id must stay 0)")
         return
     seed_everything(cfg.seed, workers=True, verbose=False)
@@ -75,10 +75,7 @@ def main(params: Params) -> None:
                if name in ("train_accuracy", "val_accuracy")}
     metrics = {"identities": len(identities), "val_accuracy": metrics.get("val_accuracy"),
                "train_accuracy": metrics.get("train_accuracy"), "epochs": cfg.epochs}
-    model.cpu()
-    write({"identities": identities, "state_dict": model.state_dict(),
-           "model": {"in_channels": data.visible_channels, "num_identities": len(identities), "width": cfg.width}},
-          metrics)
+    write(identities, model, metrics)
     log_artifact(logger, RECOGNIZER)
     accuracy = "n/a (split_by identity)" if metrics["val_accuracy"] is None else f"{metrics['val_accuracy']:.3f}"
     print(f"train_recognizer: {len(identities)} identities, validation accuracy {accuracy}; {RECOGNIZER} written")

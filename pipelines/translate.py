@@ -28,15 +28,16 @@ from tqdm import tqdm
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import ServeConfig
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
-from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
-from thermal2visible.video import VIDEO_SUFFIXES, translate_video
+from thermal2visible.inference.serving import IMAGE, pyfunc_arguments, to_base64
+from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
 
 
 def load_model(model: str, max_pixels: int, max_model_pixels: int, scratch: Path) -> mlflow.pyfunc.PyFuncModel:
     if model.endswith(".onnx"):
         if not Path(model).is_file():
             raise PipelineError(f"{model}: no such ONNX file")
-        mlflow.pyfunc.save_model(scratch / "pyfunc", **pyfunc_arguments(model, max_pixels, max_model_pixels))
+        with pyfunc_arguments(model, max_pixels, max_model_pixels) as arguments:
+            mlflow.pyfunc.save_model(scratch / "pyfunc", **arguments)
         model = str(scratch / "pyfunc")
     try:
         return mlflow.pyfunc.load_model(model, model_config={"max_pixels": max_pixels,

@@ -53,6 +53,19 @@ def run_stage_script():
     return run_script
 
 
+def run_benchmark_module(name: str, cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `python -m benchmarks.<name>` from `cwd` (the repo on the module path); output captured as text."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=cwd, env=os.environ | {
+        "PYTHONPATH": path}, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def run_benchmark():
+    """`run_benchmark("load", cwd, "--clients", "4", timeout=300) -> CompletedProcess`."""
+    return run_benchmark_module
+
+
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
     """A cache dir (manifest.json + arrays) made by synthesize -> ingest -> preprocess on tiny data."""

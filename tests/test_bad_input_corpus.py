@@ -16,11 +16,11 @@ import pytest
 import requests
 from corpus import bad_requests, write_bad_files, write_bad_videos
 from mlflow import MlflowClient
-from thermal2visible.servers import mlflow_server, model_server
+from thermal2visible.dev.servers import mlflow_server, model_server
 from tiny_model import export_tiny
 
-from thermal2visible.registry import register
-from thermal2visible.serving import max_encoded_length
+from thermal2visible.inference.registry import register
+from thermal2visible.inference.serving import max_encoded_length
 
 pytestmark = pytest.mark.slow
 MAX_PIXELS = 100_000  # served model

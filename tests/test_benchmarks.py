@@ -1,20 +1,15 @@
 """The interleaved-rounds method every benchmark uses (benchmarks/rounds.py), on real processes, and a smoke run of
 the training-step benchmark. Speed itself is never asserted here: that is the benchmarks' job."""
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("rounds", REPO / "benchmarks" / "rounds.py")
-rounds = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rounds)
+from benchmarks import rounds
 
 
 def test_each_round_runs_every_configuration_in_a_rotated_order():
@@ -32,9 +27,9 @@ def test_each_round_runs_every_configuration_in_a_rotated_order():
     assert summary["configs"]["a"]["verdict"] == "baseline"
 
 
-def test_the_peak_is_the_best_clean_measurement_and_a_share_above_it_is_no_figure(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    common = importlib.import_module("common")
+def test_the_peak_is_the_best_clean_measurement_and_a_share_above_it_is_no_figure():
+    from benchmarks import common  # torch and Lightning: imported by the test that needs them only
+
     peaks = common.GemmPeaks(["bf16"])
     peaks.measure()
     (sample,) = peaks.samples["bf16"]
@@ -99,10 +94,9 @@ def test_a_descendant_that_outlives_its_parent_stays_ours():
 
 
 @pytest.mark.slow
-def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_step.py"), "--sizes", "32", "--rounds", "2",
-                           "--steps", "1", "--configs", "default", "--no-profile"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benchmark):
+    done = run_benchmark("train_step", tmp_path, "--sizes", "32", "--rounds", "2", "--steps", "1", "--configs",
+                         "default", "--no-profile")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "reports" / "train_step.json").read_text())
     (result,) = report["results"]

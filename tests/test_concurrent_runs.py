@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric
-from thermal2visible.servers import mlflow_server
+from thermal2visible.dev.servers import mlflow_server
 
 from thermal2visible.tracking.store import ensure_experiment, open_store
 

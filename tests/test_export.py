@@ -17,9 +17,9 @@ from tiny_model import save_tiny_generator
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
-from thermal2visible.export import cache_to_model_input, check_parity, export_generator, run_onnx, run_torch
-from thermal2visible.checkpoints import load_generator
-from thermal2visible.serving import onnx_metadata, onnx_session
+from thermal2visible.inference.export import cache_to_model_input, check_parity, export_generator, run_torch
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
+from thermal2visible.models.payloads import load_generator
 from thermal2visible.tracking.store import data_hash
 
 ROOT = Path(__file__).resolve().parents[1]

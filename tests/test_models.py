@@ -7,10 +7,10 @@ from torch import nn
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.discriminator import (MultiScaleDiscriminator, PatchDiscriminator, layer_outputs,
                                                   patch_layers)
-from thermal2visible.checkpoints import load_generator, save_generator
 from thermal2visible.models.generator import UNetGenerator, as_tested
 from thermal2visible.models.networks import GENERATORS
-from thermal2visible.models.recognizer import IdentityRecognizer, load_recognizer
+from thermal2visible.models.payloads import load_generator, load_recognizer, save_generator
+from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.models.resnet import ResidualBlock, ResnetGenerator
 
 

@@ -18,8 +18,8 @@ from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
 from thermal2visible.training.module import (Pix2Pix, TrainingDiverged, adversarial_loss, feature_matching, gan_loss,
                                              linear_decay, scaled_lr)
-from thermal2visible import checkpoints
-from thermal2visible.checkpoints import STAMP, find_resume, run_fingerprint
+from thermal2visible.training import resume
+from thermal2visible.training.resume import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
 from thermal2visible.training.precision import resolve_precision
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch
@@ -537,8 +537,8 @@ def test_keys_added_later_keep_the_fingerprint_of_runs_from_before_them(monkeypa
     for (section, key), value in added_later().items():
         assert getattr(getattr(base, section), key) == value, f"{section}.{key}"
         assert key in weight_defining()[section]
-    monkeypatch.setattr(checkpoints, "weight_defining", lambda: before)
-    monkeypatch.setattr(checkpoints, "added_later", lambda: {})
+    monkeypatch.setattr(resume, "weight_defining", lambda: before)
+    monkeypatch.setattr(resume, "added_later", lambda: {})
     assert run_fingerprint(base, "data-md5") == now
 
 

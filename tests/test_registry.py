@@ -15,7 +15,7 @@ import onnx
 import pytest
 from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
-from thermal2visible.servers import mlflow_server
+from thermal2visible.dev.servers import mlflow_server
 from tiny_model import export_tiny
 
 from thermal2visible.config import load_params
@@ -23,8 +23,8 @@ from thermal2visible.data.cache import build_cache
 from thermal2visible.data.images import decode_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import PipelineError
-from thermal2visible.registry import CHALLENGER, CHAMPION, gate, register
-from thermal2visible.serving import IMAGE
+from thermal2visible.inference.registry import CHALLENGER, CHAMPION, gate, register
+from thermal2visible.inference.serving import IMAGE
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]

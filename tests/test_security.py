@@ -17,15 +17,15 @@ import pytest
 import tifffile
 import torch
 from PIL import Image
-from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
+from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
 from thermal2visible.errors import ConfigError, PipelineError
-from thermal2visible.checkpoints import load_generator
-from thermal2visible.models.recognizer import load_recognizer
-from thermal2visible.serving import ServingError, bad_request, decode_row, max_encoded_length, pyfunc_arguments
+from thermal2visible.models.payloads import load_generator, load_recognizer
+from thermal2visible.inference.serving import (ServingError, bad_request, decode_row, max_encoded_length,
+                                               pyfunc_arguments)
 from thermal2visible.tracking.store import tracking_uri
-from thermal2visible.checkpoints import find_resume
+from thermal2visible.training.resume import find_resume
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [*(REPO / "src").rglob("*.py"), *(REPO / "pipelines").rglob("*.py"), *(REPO / "benchmarks").glob("*.py"),
@@ -49,8 +49,9 @@ def listening_addresses(port: int) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the listening sockets from Linux's /proc")
 def test_mlflow_servers_listen_on_loopback_only_when_no_host_is_given(tmp_path, tiny_cache):
-    arguments = pyfunc_arguments(export_tiny(tmp_path, tiny_cache), max_pixels=10_000, max_model_pixels=1_048_576)
-    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
+    onnx_path = export_tiny(tmp_path, tiny_cache)
+    with pyfunc_arguments(onnx_path, max_pixels=10_000, max_model_pixels=1_048_576) as arguments:
+        mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     port = free_port()
     tracking = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port),
                 "--workers", "1"]
@@ -74,7 +75,7 @@ def torch_load_calls() -> list[tuple[Path, ast.Call]]:
 
 def test_every_checkpoint_load_is_weights_only():
     calls = torch_load_calls()
-    assert len(calls) >= 3  # checkpoints.find_resume and load_generator, load_recognizer at least
+    assert len(calls) >= 3  # resume.find_resume and load_generator, load_recognizer at least
     for path, call in calls:
         assert any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in call.keywords), \
             f"{path.relative_to(REPO)}:{call.lineno}: {ast.unparse(call)}"

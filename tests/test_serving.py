@@ -19,12 +19,12 @@ import requests
 import tifffile
 from mlflow.exceptions import MlflowException
 from PIL import Image
-from thermal2visible.servers import mlflow_server, model_server
+from thermal2visible.dev.servers import mlflow_server, model_server
 from tiny_model import export_tiny
 
 from thermal2visible.data.images import read_image
-from thermal2visible.registry import register
-from thermal2visible.serving import IMAGE, png_bytes, pyfunc_arguments, to_base64
+from thermal2visible.inference.registry import register
+from thermal2visible.inference.serving import IMAGE, PACKAGE, PACKED, png_bytes, pyfunc_arguments, to_base64
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,6 +185,37 @@ def test_example_client(url, tmp_path):
     assert failed.returncode == 1 and "HTTP 400" in failed.stderr and "not a PNG, JPEG or TIFF" in failed.stderr
 
 
+# Run in a fresh interpreter: load a served model, translate one frame, report what it imported.
+IMPORTED = """import json, sys
+import mlflow.pyfunc, pandas
+mlflow.pyfunc.load_model(sys.argv[1]).predict(pandas.DataFrame({"image": [sys.argv[2]]}))
+print(json.dumps({"files": [module.__file__ for name, module in sys.modules.items()
+                            if name.split(".")[0] == "thermal2visible" and getattr(module, "__file__", None)],
+                  "torch": "torch" in sys.modules}))"""
+
+
+def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(in_process, tracking_uri, tmp_path,
+                                                                            monkeypatch):
+    """Its code/ holds serving.py and what it imports, laid out as the package: no training, tracking or dev module
+    (the studies, test servers, UI). Loaded and run in a fresh process where the project is importable too, every
+    project module it imports comes from that packed code, and torch is never imported."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=MODEL_URI, dst_path=str(tmp_path)))
+    code = local / "code" / PACKAGE.name
+    packed = sorted(str(path.relative_to(code)) for path in code.rglob("*") if path.is_file())
+    assert packed == sorted(PACKED)
+    assert {"inference/serving.py", "inference/frames.py", "inference/session.py", "data/preprocess.py",
+            "config.py"} <= set(packed)
+    assert not [name for name in packed if name.split("/")[0] in ("training", "tracking", "dev")
+                or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "experiment.py", "cli.py")]
+    done = subprocess.run([sys.executable, "-c", IMPORTED, str(local), FRAMES[0]], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    imported = json.loads(done.stdout.splitlines()[-1])
+    assert imported["files"] and all(Path(file).is_relative_to(code) for file in imported["files"]), imported["files"]
+    assert not imported["torch"]
+
+
 def test_translate_cli_with_the_registered_champion(url, tracking_uri, tmp_path):
     """The README's batch command, `--model models:/...@champion`, writes what REST answers."""
     (tmp_path / "in").mkdir()
@@ -213,8 +244,8 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
-    arguments = pyfunc_arguments(project / "models" / "generator.onnx", MAX_PIXELS, MAX_MODEL_PIXELS)
-    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
+    with pyfunc_arguments(project / "models" / "generator.onnx", MAX_PIXELS, MAX_MODEL_PIXELS) as arguments:
+        mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     with model_server(str(tmp_path / "pyfunc"), tmp_path / "serve") as base:
         response = invoke(base, {"inputs": {IMAGE: FRAMES[:1]}})
     assert response.status_code == 200, response.text
@@ -228,8 +259,8 @@ def test_a_fault_in_the_model_is_a_500_without_traceback(tmp_path, tiny_cache):
     props["preprocess"]["image_size"] = props["image_size"] // 2
     onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in props.items()})
     onnx.save_model(model, tmp_path / "mismatched.onnx")
-    arguments = pyfunc_arguments(tmp_path / "mismatched.onnx", MAX_PIXELS, MAX_MODEL_PIXELS)
-    mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
+    with pyfunc_arguments(tmp_path / "mismatched.onnx", MAX_PIXELS, MAX_MODEL_PIXELS) as arguments:
+        mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     with pytest.raises(MlflowException) as raised:
         mlflow.pyfunc.load_model(str(tmp_path / "pyfunc")).predict(pd.DataFrame({IMAGE: FRAMES[:1]}))
     assert raised.value.get_http_status_code() == 500

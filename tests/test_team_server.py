@@ -20,7 +20,7 @@ import mlflow.artifacts
 import pytest
 from mlflow import MlflowClient
 from thermal2visible.paths import CACHE
-from thermal2visible.servers import MLFLOW, free_port, quiet_env, running
+from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from thermal2visible.checkpoints import load_generator
+from thermal2visible.models.payloads import load_generator
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -17,11 +17,11 @@ import requests
 import tifffile
 from corpus import write_video
 from PIL import Image
-from thermal2visible.servers import model_server
+from thermal2visible.dev.servers import model_server
 from tiny_model import export_tiny
 
-from thermal2visible.serving import IMAGE, pyfunc_arguments, to_base64
-from thermal2visible.video import translate_video
+from thermal2visible.inference.serving import IMAGE, pyfunc_arguments, to_base64
+from thermal2visible.inference.video import translate_video
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,8 @@ def onnx_model(tmp_path_factory, tiny_cache) -> Path:
 @pytest.fixture(scope="module")
 def pyfunc_dir(onnx_model, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("pyfunc") / "model"
-    mlflow.pyfunc.save_model(path, **pyfunc_arguments(onnx_model, max_pixels=1_000_000, max_model_pixels=1_048_576))
+    with pyfunc_arguments(onnx_model, max_pixels=1_000_000, max_model_pixels=1_048_576) as arguments:
+        mlflow.pyfunc.save_model(path, **arguments)
     return path
 
 

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 
 from thermal2visible.paths import CACHE
 from thermal2visible.tracking.store import data_hash
-from thermal2visible.ui import CHARTS, experiment_page, mlflow_ui, render, run_page, version_page
+from thermal2visible.dev.ui import CHARTS, experiment_page, mlflow_ui, render, run_page, version_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("chromium"), reason=(
     "Debian's chromium is not installed (.ci/run installs it where apt-get works): the UI is not rendered"))]

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from thermal2visible.export import cache_to_model_input, export_generator
-from thermal2visible.checkpoints import load_generator, save_generator
+from thermal2visible.inference.export import cache_to_model_input, export_generator
+from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
 from thermal2visible.tracking.store import data_hash
 

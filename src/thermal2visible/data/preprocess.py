@@ -2,8 +2,8 @@
 
 `normalise_frame` is the only road from a camera frame's values to the model's [0, 1]: the statistics come from
 the training view (`crop_box`: the centre square, or the face box) and apply to the whole frame. The cache writer
-cuts its training images out of it (`prepare_thermal`) and `frames.translate_frame` translates all of it, so a
-face reaches the model with the same values whatever hot or cold thing is beside it in the frame.
+cuts its training images out of it (`prepare_thermal`) and `inference.frames.translate_frame` translates all of it,
+so a face reaches the model with the same values whatever hot or cold thing is beside it in the frame.
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def run_block(block: nn.Module, x: torch.Tensor, recompute: bool) -> torch.Tenso
     if recompute and block.training and torch.is_grad_enabled():
         # The RNG state is replayed, so dropout masks match, and the recomputation leaves batch-norm statistics as
         # the forward left them, so recompute changes memory and time only, never the trained weights
-        # (checkpoints.NOT_DEFINING).
+        # (config.py marks model.recompute `run_only()`).
         return checkpoint(block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), statistics_kept(block)))
     return block(x)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from thermal2visible.checkpoints import save_generator
+from thermal2visible.models.payloads import save_generator
 
 
 class PsnrEarlyStopping(Callback):

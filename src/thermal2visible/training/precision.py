@@ -1,5 +1,5 @@
 """Which device and precision a run takes: `auto` resolved on this machine. The resolved precision, not the word
-`auto`, defines a run's weights (checkpoints.run_fingerprint), so one module owns the resolution."""
+`auto`, defines a run's weights (resume.run_fingerprint), so one module owns the resolution."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""The Lightning Trainer built from params: device, precision, DDP over processes/nodes (checkpoints.py: what it
+"""The Lightning Trainer built from params: device, precision, DDP over processes/nodes (resume.py: what it
 saves and how a run resumes)."""
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
-from thermal2visible.checkpoints import AtomicCheckpointIO, RandomStreams
 from thermal2visible.config import Params, TrainConfig
 from thermal2visible.errors import ConfigError
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
+from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
 
 
 def world_size(train: TrainConfig) -> int:
@@ -105,7 +105,7 @@ def build_strategy(train: TrainConfig, accelerator: str):
 
 def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger: Logger | bool = False,
                   **overrides) -> Trainer:
-    """A Trainer for `train`, with per-rank random streams kept in its checkpoints (checkpoints.RandomStreams);
+    """A Trainer for `train`, with per-rank random streams kept in its checkpoints (resume.RandomStreams);
     `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
     accelerator = resolve_accelerator(train.accelerator)
     if train.sync_batchnorm and accelerator == "cpu":

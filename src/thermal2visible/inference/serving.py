@@ -22,14 +22,16 @@ import base64
 import binascii
 import importlib.metadata
 import io
-import json
 import logging
+import shutil
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import mlflow.pyfunc
 import numpy as np
-import onnxruntime as ort
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
@@ -41,8 +43,8 @@ from PIL import Image
 from thermal2visible.data.images import BadImage, decode_image
 from thermal2visible.config import PreprocessConfig, stored_section
 from thermal2visible.errors import PipelineError
-from thermal2visible.export import run_onnx
-from thermal2visible.frames import model_size, translate_frame
+from thermal2visible.inference.frames import model_size, translate_frame
+from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import quantise
 from thermal2visible.private_apis import KeepsItsMessage
 
@@ -50,8 +52,14 @@ IMAGE = "image"
 TRAINING_MANIFEST = "training_manifest"  # the pyfunc artifact holding the cache manifest a version trained on
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
 EXAMPLE_SIDE = 32
-# What the pyfunc imports when it runs (the package itself travels with the model as code_paths).
-REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML")
+# What the pyfunc imports when it runs (its own code travels with the model as code_paths: PACKED).
+REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML",
+                "pydantic")
+# The package files the served model runs: this module and what it imports, transitively, and nothing else (no
+# training, tracking or dev code; tests/test_inference_package.py checks the list against the imports).
+PACKAGE = Path(__file__).resolve().parents[1]
+PACKED = ("config.py", "errors.py", "pixels.py", "data/__init__.py", "data/images.py", "data/preprocess.py",
+          "inference/__init__.py", "inference/frames.py", "inference/serving.py", "inference/session.py")
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +109,6 @@ def decode_row(value: object, row: int, max_pixels: int) -> np.ndarray:
         return decode_image(data, source, max_pixels)
     except BadImage as error:  # empty, truncated, not an image, too many pixels, 2 or 4 channels
         raise bad_request(str(error)) from None
-
-
-def onnx_session(path: str | Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-def onnx_metadata(session: ort.InferenceSession) -> dict[str, object]:
-    """The `metadata_props` that `export` wrote (image size, channels, preprocess settings, lineage)."""
-    return {key: json.loads(value) for key, value in session.get_modelmeta().custom_metadata_map.items()}
 
 
 class ThermalToVisible(mlflow.pyfunc.PythonModel):
@@ -227,18 +226,32 @@ def example_request(kind: ThermalKind) -> pd.DataFrame:
     return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(kind)))]})
 
 
-def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int,
-                     training_manifest: str | Path | None = None) -> dict[str, object]:
-    """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc.
+@contextmanager
+def packed_code() -> Iterator[Path]:
+    """The `PACKED` files, copied into a temporary `thermal2visible` folder laid out as the package is."""
+    with tempfile.TemporaryDirectory() as staging:
+        code = Path(staging) / PACKAGE.name
+        for name in PACKED:
+            (code / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(PACKAGE / name, code / name)
+        yield code
 
-    The package source goes along as `code_paths`, so a registered version keeps the preprocessing it was
-    trained with even after the code here moves on, and serves where the project is not installed. A registered
-    version also carries the cache manifest it was trained on (`training_manifest`): which frames it learnt from.
+
+@contextmanager
+def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int,
+                     training_manifest: str | Path | None = None) -> Iterator[dict[str, object]]:
+    """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc, valid while
+    the context lasts: `with pyfunc_arguments(...) as arguments: mlflow.pyfunc.save_model(path, **arguments)`.
+
+    The code the model runs goes along as `code_paths` (`PACKED`, as `thermal2visible/...`), so a registered version
+    keeps the preprocessing it was trained with even after the code here moves on, and serves where the project is
+    not installed. A registered version also carries the cache manifest it was trained on (`training_manifest`):
+    which frames it learnt from.
     """
     kind = thermal_kind(onnx_metadata(onnx_session(onnx_path)), str(onnx_path))
     artifacts = {"onnx": str(onnx_path)} | ({TRAINING_MANIFEST: str(training_manifest)} if training_manifest else {})
-    return dict(python_model=ThermalToVisible(), artifacts=artifacts,
-                code_paths=[str(Path(__file__).parent)],
-                model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
-                signature=SIGNATURE, metadata=image_formats(kind), input_example=example_request(kind),
-                pip_requirements=requirements())
+    with packed_code() as code:
+        yield dict(python_model=ThermalToVisible(), artifacts=artifacts, code_paths=[str(code)],
+                   model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
+                   signature=SIGNATURE, metadata=image_formats(kind), input_example=example_request(kind),
+                   pip_requirements=requirements())

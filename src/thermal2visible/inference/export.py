@@ -4,7 +4,8 @@ The graph is the generator alone (U-Net or ResNet): (B,Ct,H,W) float32 in [-1,1]
 batch, height and width dynamic (H and W any multiples of the training size S, which both generators take), so whole
 frames run fully convolutionally.
 Everything a server needs to feed it (image size, channels, the preprocess settings training used) rides
-along as `metadata_props`, so the .onnx file alone is enough to reproduce training's input pipeline.
+along as `metadata_props`, so the .onnx file alone is enough to reproduce training's input pipeline (session.py
+reads them back).
 """
 from __future__ import annotations
 
@@ -22,10 +23,8 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantiz
 from skimage.metrics import peak_signal_noise_ratio
 
 from thermal2visible.errors import PipelineError
+from thermal2visible.inference.session import INPUT_NAME, OUTPUT_NAME, run_onnx
 from thermal2visible.pixels import to_model
-
-INPUT_NAME = "thermal"
-OUTPUT_NAME = "visible"
 
 
 def cache_to_model_input(thermal: np.ndarray) -> np.ndarray:
@@ -71,10 +70,6 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
     onnx.checker.check_model(model, full_check=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, path)
-
-
-def run_onnx(session: ort.InferenceSession, batch: np.ndarray) -> np.ndarray:
-    return session.run([OUTPUT_NAME], {INPUT_NAME: batch})[0]
 
 
 def run_torch(generator: torch.nn.Module, batch: np.ndarray) -> np.ndarray:

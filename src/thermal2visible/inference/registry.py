@@ -24,7 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import convert_input_example_to_serving_input, validate_serving_input
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.serving import pyfunc_arguments
+from thermal2visible.inference.serving import pyfunc_arguments
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -137,8 +137,8 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     with mlflow.start_run(run_name="register") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
-        arguments = pyfunc_arguments(onnx_path, max_pixels, max_model_pixels, training_manifest)
-        logged = mlflow.pyfunc.log_model(name="model", **arguments)
+        with pyfunc_arguments(onnx_path, max_pixels, max_model_pixels, training_manifest) as arguments:
+            logged = mlflow.pyfunc.log_model(name="model", **arguments)
         check_example_predicts(logged.model_uri, arguments["input_example"], onnx_path)
     ensure_registered_model(client, name)
     # The version's run is the training run that made the weights: the run page lists the version, and the

@@ -3,12 +3,14 @@
 Files (under `checkpoints/` and `models/`, see paths.py):
   last.ckpt            Lightning's checkpoint after every epoch: weights, optimizers, schedulers, callbacks'
                        state (early stopping's PSNR history, the MLflow metrics not yet logged), and the run stamp.
-  best_generator.pt    the generator payload of the best smoothed-PSNR epoch so far (early_stopping.py).
+  best_generator.pt    the generator payload (models/payloads.py) of the best smoothed-PSNR epoch so far
+                       (early_stopping.py).
   models/generator.pt  a copy of the best payload, published only when a run ends normally (pipelines/train.py).
 
 The protocol:
-  1. Every file is written to `<name>.tmp` beside it, then renamed over it (`atomic_save`): a kill mid-write
-     leaves the previous file whole, and a stray `.tmp` is never read.
+  1. Every file is written to `<name>.tmp` beside it, then renamed over it (`models.payloads.atomic_save`, which
+     Lightning's checkpoints go through too: `AtomicCheckpointIO`): a kill mid-write leaves the previous file whole,
+     and a stray `.tmp` is never read.
   2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights:
      the keys config.py marks `weights()`) and its MLflow run id.
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise (or when it
@@ -20,18 +22,11 @@ The protocol:
      PsnrEarlyStopping._keep_best), so a kill never leaves a best file the resumed run disagrees with.
   6. An epoch's metrics reach MLflow only once its checkpoint exists, and a resumed run logs those the checkpoint
      holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
-
-The generator payload (`save_generator` / `load_generator`) is the one format evaluate and export read (translate
-and serving run its ONNX export): {"state_dict", "model" (models.networks.saved_config: which generator and its
-arguments; a payload from before model.generator has no `generator` and is a U-Net), "test_mode", + metadata:
-epoch, psnr, psnr_smoothed, preprocess (the cache's), fingerprint (the run's), data_hash}.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import pickle
 import random
 from pathlib import Path
 from typing import Sequence
@@ -42,21 +37,12 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
-from torch import nn
 
 from thermal2visible.config import Params, added_later, weight_defining
-from thermal2visible.errors import PipelineError
-from thermal2visible.models.networks import build_generator, saved_config
+from thermal2visible.models.payloads import atomic_save
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
-
-def atomic_save(payload: dict, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save(payload, temporary)
-    os.replace(temporary, path)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -179,25 +165,3 @@ def find_resume(directory: Path, fingerprint: str, mode: str,
         for path in (last, *stale):
             path.unlink(missing_ok=True)
     return None, None
-
-
-def save_generator(generator: nn.Module, path: str | Path, test_mode: str, **metadata) -> None:
-    """The generator payload: weights, what rebuilds it, the mode it is tested in, `metadata`."""
-    state = {name: value.detach().cpu().contiguous() for name, value in generator.state_dict().items()}
-    atomic_save({"state_dict": state, "model": saved_config(generator), "test_mode": test_mode, **metadata}, path)
-
-
-def load_generator(path: str | Path) -> tuple[nn.Module, dict]:
-    """The generator of a payload (eval mode) and the whole payload; run it under
-    `models.generator.as_tested(generator, payload["test_mode"])`, as validation did."""
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"{path}: no trained generator here (run the train stage first)")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        generator = build_generator(payload["model"])
-        generator.load_state_dict(payload["state_dict"])
-        payload.setdefault("test_mode", "eval")  # payloads from before train.test_mode were all tested in eval
-    except (KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
-        raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
-    return generator.eval(), payload

@@ -1,0 +1,6 @@
+"""Running a trained generator: its ONNX export (export.py) and session (session.py), full-frame translation
+(frames.py), video (video.py), the served model (serving.py) and its registration (registry.py).
+
+Imports nothing from training, tracking or dev: the served model packs serving.py and what it imports, and no more
+(serving.PACKED).
+"""
