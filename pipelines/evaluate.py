@@ -23,7 +23,7 @@ import torch
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params, stored_section
-from thermal2visible.data.cache import raw_pairs
+from thermal2visible.data.cache import array_file, raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.inference.export import run_torch
 from thermal2visible.inference.frames import full_frame_psnr
@@ -41,7 +41,7 @@ FACES = ("generator", "real_visible", "thermal_input")  # what the recognizer is
 
 def mean_training_face(visible_channels: int) -> torch.Tensor:
     """(Cv,S,S) in [-1,1]: the pixel-wise mean of the training split's visible images."""
-    mean = unit(np.load(CACHE / "train_visible.npy")).mean(axis=0)
+    mean = unit(np.load(array_file(CACHE, "train", "visible"))).mean(axis=0)
     return torch.from_numpy(to_model(mean)[0, :visible_channels])
 
 

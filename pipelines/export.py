@@ -19,14 +19,14 @@ from thermal2visible.inference.export import (cache_to_model_input, check_parity
                                               psnr, quantize_int8, run_torch)
 from thermal2visible.inference.session import onnx_session, run_onnx
 from thermal2visible.models.payloads import load_generator
-from thermal2visible.data.cache import load_manifest
-from thermal2visible.paths import CACHE, GENERATOR, ONNX, ONNX_INT8, EXPORT_METRICS
+from thermal2visible.data.cache import array_file, load_manifest
+from thermal2visible.paths import CACHE, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, ONNX_INT8
 
 CALIBRATION_IMAGES = 64
 
 
 def load_split(split: str, image_size: int) -> np.ndarray:
-    path = CACHE / f"{split}_thermal.npy"
+    path = array_file(CACHE, split, "thermal")
     if not path.is_file():
         raise PipelineError(f"{path}: no cached {split} images (run the preprocess stage first)")
     images = cache_to_model_input(np.load(path, mmap_mode="r"))
@@ -40,7 +40,7 @@ def trained_thermal_dtype() -> str:
     """The kind of thermal frame the cache holds (uint8, uint16 or a float map), as its manifest says."""
     manifest = load_manifest(CACHE)
     if "thermal_dtype" not in manifest:
-        raise PipelineError(f"{CACHE / 'manifest.json'}: says nothing of the thermal frames' kind (written before "
+        raise PipelineError(f"{CACHE / MANIFEST}: says nothing of the thermal frames' kind (written before "
                             "caches recorded it): run the preprocess stage again")
     return manifest["thermal_dtype"]
 

@@ -20,13 +20,13 @@ from mlflow.exceptions import MlflowException
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
-from thermal2visible.data.cache import MANIFEST, load_manifest, raw_pairs
+from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import full_frame_psnr
 from thermal2visible.inference.registry import register
 from thermal2visible.inference.serving import ThermalToVisible
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.tracking.store import data_hash, git_tags, tracking_uri, training_run_id
-from thermal2visible.paths import CACHE, ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS
+from thermal2visible.paths import CACHE, ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS, MANIFEST
 
 
 

@@ -30,11 +30,11 @@ from thermal2visible.tracking.store import data_hash, log_artifact, start_run
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
-from thermal2visible.training.resume import checkpointing, find_resume, run_fingerprint
+from thermal2visible.training.resume import checkpointing, find_resume, last_checkpoint, run_fingerprint
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
-from thermal2visible.paths import CACHE, RECOGNIZER, GENERATOR, CHECKPOINTS, TRAIN_METRICS, PSNR_CSV, PSNR_CURVE
+from thermal2visible.paths import (BEST_GENERATOR, CACHE, CHECKPOINTS, GENERATOR, MANIFEST, PSNR_CSV, PSNR_CURVE,
+                                   RECOGNIZER, TRAIN_METRICS)
 
-BEST = CHECKPOINTS / "best_generator.pt"
 LOGGED_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")
 
 
@@ -47,7 +47,7 @@ def identity_recognizer(params: Params, identities: list[str]):
 
 def write_outputs(stop: PsnrEarlyStopping, fingerprint: str) -> dict:
     GENERATOR.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(BEST, GENERATOR.with_name(GENERATOR.name + ".tmp"))
+    shutil.copyfile(BEST_GENERATOR, GENERATOR.with_name(GENERATOR.name + ".tmp"))
     os.replace(GENERATOR.with_name(GENERATOR.name + ".tmp"), GENERATOR)
     summary = stop.summary() | {"fingerprint": fingerprint}
     TRAIN_METRICS.parent.mkdir(parents=True, exist_ok=True)
@@ -79,15 +79,15 @@ def stop_like_sigterm_on_ctrl_c() -> None:
 
 def main(params: Params) -> None:
     t = params.train
-    if not (CACHE / "manifest.json").is_file():
-        raise PipelineError(f"{CACHE}/manifest.json: missing; run the preprocess stage first (dvc repro preprocess)")
+    if not (CACHE / MANIFEST).is_file():
+        raise PipelineError(f"{CACHE / MANIFEST}: missing; run the preprocess stage first (dvc repro preprocess)")
     seed_everything(t.seed, workers=True, verbose=False)
     data = PairedDataModule(CACHE, per_process_batch(t), params.loader)
     refuse_unworkable(params, data.manifest)
     recognizer, recognizer_hash = identity_recognizer(params, data.identities)
     cache_hash = data_hash(CACHE)
     fingerprint = run_fingerprint(params, cache_hash, recognizer_hash)
-    resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST])
+    resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST_GENERATOR])
 
     accelerator = resolve_accelerator(t.accelerator)
     logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, logger_class=CheckpointedMLFlowLogger,
@@ -98,7 +98,7 @@ def main(params: Params) -> None:
     module = Pix2Pix(params.model, t, manifest["image_size"], data.thermal_channels, data.visible_channels, recognizer)
     # The preprocess settings the generator is stamped with are the cache's (what its images went through), which
     # refuse_unworkable has checked params.yaml agrees with.
-    stop = PsnrEarlyStopping(params.early_stop.window, params.early_stop.patience, best_path=BEST, metadata={
+    stop = PsnrEarlyStopping(params.early_stop.window, params.early_stop.patience, best_path=BEST_GENERATOR, metadata={
         "preprocess": manifest["preprocess"], "fingerprint": fingerprint, "data_hash": cache_hash})
     trainer = build_trainer(t, logger=logger, callbacks=[
         stop, ImageGridLogger(t.image_log_every), MetricsInCheckpoint(logger),
@@ -112,7 +112,7 @@ def main(params: Params) -> None:
         # Lightning stops after the current batch; the epoch it was in is redone (its loader cannot resume mid-way)
         done = len(stop.history)
         raise PipelineError(f"stopped by SIGTERM or Ctrl-C after epoch {done}; " + (
-            f"{CHECKPOINTS / 'last.ckpt'} holds epochs 1-{done}: run again to continue" if done else
+            f"{last_checkpoint(CHECKPOINTS)} holds epochs 1-{done}: run again to continue" if done else
             "no epoch had finished, so the next run starts afresh")) from None
     if trainer.world_size > 1:  # the processes agree, or DDP lost them
         print(f"train: rank {trainer.global_rank} of {trainer.world_size} stopped at epoch {len(stop.history)}; "
@@ -120,7 +120,8 @@ def main(params: Params) -> None:
     if not trainer.is_global_zero:
         return
     seconds = time.perf_counter() - started
-    if not BEST.is_file():  # only a time budget ends a run before the window fills (config refuses max_epochs < it)
+    # only a time budget ends a run before the window fills (config refuses max_epochs < it)
+    if not BEST_GENERATOR.is_file():
         raise PipelineError(
             f"no model to keep: train.max_minutes ({t.max_minutes}) ran out after {len(stop.history)} epoch(s), before "
             f"the {stop.window}-epoch moving average of validation PSNR (early_stop.window) existed; raise "

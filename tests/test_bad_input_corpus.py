@@ -16,6 +16,7 @@ import pytest
 import requests
 from corpus import bad_requests, write_bad_files, write_bad_videos
 from mlflow import MlflowClient
+from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server, model_server
 from tiny_model import export_tiny
 
@@ -59,7 +60,7 @@ def test_ingest_names_every_bad_file_and_keeps_them_out_of_the_cache(tmp_path, w
     assert skipped.returncode == 0, skipped.stderr
     assert f"ingest: {good_pairs} pairs from data/raw, {len(bad)} bad file(s) skipped" in skipped.stdout
     assert run_stage_script("preprocess.py", project).returncode == 0
-    manifest = json.loads((project / "data" / "cache" / "manifest.json").read_text())
+    manifest = json.loads((project / "data" / "cache" / MANIFEST).read_text())
     assert sum(manifest["counts"].values()) == good_pairs
     assert not [source for source in manifest["sources"] if "/bad/" in source["thermal"] + source["visible"]]
     print(f"ingest: {len(bad)} bad files named, {good_pairs} good pairs cached, 0 tracebacks")

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch import Callback, LightningDataModule, seed_everything
 from torch.utils.data import DataLoader, DistributedSampler
 
+from thermal2visible.paths import MANIFEST
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.metrics import image_scores, to_unit
 from thermal2visible.training.module import Pix2Pix
@@ -106,7 +107,7 @@ def one_face_cache(tiny_cache: Path, folder: Path, val_images: int) -> Path:
     """tiny_cache with every training pair replaced by its first one (any two crops differ only by their random
     draw) and `val_images` validation pairs."""
     shutil.copytree(tiny_cache, folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     for kind in ("thermal", "visible", "identity"):
         for name in ("train", "jitter"):  # the training split, at the image size and at the jitter side
             train = np.load(folder / f"{name}_{kind}.npy")
@@ -114,7 +115,7 @@ def one_face_cache(tiny_cache: Path, folder: Path, val_images: int) -> Path:
         pool = np.concatenate([np.load(folder / f"{split}_{kind}.npy") for split in ("val", "test")])
         np.save(folder / f"val_{kind}.npy", pool[:val_images])
     manifest["counts"] |= {"train": 8, "val": val_images}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
     return folder
 
 

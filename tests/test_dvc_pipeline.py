@@ -1,5 +1,6 @@
 """The DVC pipeline: in a real temporary git + DVC repo, repro, no-op repro, a param change and a code change re-running
 only their stages; and dvc.yaml's deps and outs checked against what each stage's code imports and writes."""
+from thermal2visible.paths import MANIFEST
 import json
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def test_repro_twice_is_a_noop_and_a_param_reruns_only_its_stages(project_copy):
     repo = project_copy
     first = dvc(repo, "repro", "preprocess")
     assert ran_stages(first) == set(DATA_STAGES)
-    manifest = repo / "data" / "cache" / "manifest.json"
+    manifest = repo / "data" / "cache" / MANIFEST
     stamp = manifest.stat().st_mtime_ns
 
     second = dvc(repo, "repro", "preprocess")

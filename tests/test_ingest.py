@@ -9,6 +9,7 @@ import pytest
 import tifffile
 from PIL import Image
 
+from thermal2visible.paths import MANIFEST
 from thermal2visible.errors import PipelineError
 from thermal2visible.data.ingest import IngestError, ingest, read_pair
 from shipped import shipped
@@ -219,7 +220,7 @@ def test_a_users_folder_goes_through_ingest_and_preprocess_unchanged(tmp_path, w
     for script in ("ingest.py", "preprocess.py"):
         result = run_stage_script(script, tmp_path)
         assert result.returncode == 0, result.stderr
-    manifest = json.loads((tmp_path / "data/cache/manifest.json").read_text())
+    manifest = json.loads((tmp_path / "data/cache" / MANIFEST).read_text())
     assert manifest["identities"] == ["alice", "bob", "carol", "dave"]
     assert manifest["counts"] == {"train": 6, "val": 3, "test": 3}
     assert (manifest["thermal_channels"], manifest["visible_channels"]) == (1, 3)

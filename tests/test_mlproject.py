@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from thermal2visible.config import load_params
-from thermal2visible.paths import CACHE
+from thermal2visible.paths import CACHE, MANIFEST
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -63,7 +63,7 @@ def test_train_entry_point_uses_params_yaml_as_it_is_then_only_what_is_given(pro
     locked = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]["params"]["params.yaml"]
     assert locked["train"]["max_epochs"] == 3
     assert dvc_status_clean(repo)
-    assert (repo / CACHE / "manifest.json").is_file()
+    assert (repo / CACHE / MANIFEST).is_file()
 
 
 def test_an_undeclared_mlproject_parameter_is_refused_naming_the_right_form(project_copy):

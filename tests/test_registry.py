@@ -15,6 +15,7 @@ import onnx
 import pytest
 from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
+from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server
 from tiny_model import export_tiny
 
@@ -206,7 +207,7 @@ def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path, write_pa
     shutil.copy(export_tiny(tmp_path / "resplit_model", resplit), tmp_path / "models" / "generator.onnx")
     third = run_register_stage(tmp_path, tracking_uri, 21.0)
     assert third.returncode == 0, third.stderr
-    old, new = (json.loads((cache / "manifest.json").read_text())["sources"] for cache in (tiny_cache, resplit))
+    old, new = (json.loads((cache / MANIFEST).read_text())["sources"] for cache in (tiny_cache, resplit))
     seen = {digest for source in old if source["split"] != "test" for digest in source["sha256"].values()}
     unseen = [source for source in new if source["split"] == "test" and not set(source["sha256"].values()) & seen]
     assert 0 < len(unseen) < sum(source["split"] == "test" for source in new)  # the case this test is about

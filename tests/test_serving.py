@@ -19,6 +19,7 @@ import requests
 import tifffile
 from mlflow.exceptions import MlflowException
 from PIL import Image
+from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server, model_server
 from tiny_model import export_tiny
 
@@ -75,7 +76,7 @@ def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFu
         patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
         register(model, name="served", experiment="serving-tests", test_psnr=20.0, parity_passed=True,
                  metrics={}, lineage={}, max_pixels=MAX_PIXELS,
-                 max_model_pixels=MAX_MODEL_PIXELS, training_manifest=tiny_cache / "manifest.json")
+                 max_model_pixels=MAX_MODEL_PIXELS, training_manifest=tiny_cache / MANIFEST)
         return mlflow.pyfunc.load_model(MODEL_URI)
 
 

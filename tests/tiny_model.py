@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from thermal2visible.paths import MANIFEST
 from thermal2visible.inference.export import cache_to_model_input, export_generator
 from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
@@ -18,7 +19,7 @@ from thermal2visible.tracking.store import data_hash
 
 
 def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, kind: str = "unet") -> Path:
-    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest = json.loads((cache / MANIFEST).read_text())
     model = {"generator": kind, "in_channels": manifest["thermal_channels"],
              "out_channels": manifest["visible_channels"], "image_size": manifest["image_size"], "ngf": ngf,
              "norm": "batch", "dropout": 0.5}
@@ -35,6 +36,6 @@ def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, ki
 def export_tiny(folder: Path, cache: Path, seed: int = 0) -> Path:
     """folder/generator.pt and folder/generator.onnx (opset 18) of a tiny generator; returns the .onnx."""
     generator, payload = load_generator(save_tiny_generator(folder / "generator.pt", cache, seed))
-    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest = json.loads((cache / MANIFEST).read_text())
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype=manifest["thermal_dtype"])
     return folder / "generator.onnx"

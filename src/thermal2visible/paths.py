@@ -6,6 +6,7 @@ RAW = Path("data/raw")
 INDEX = Path("data/ingested/index.json")
 INGEST_ERRORS = Path("reports/ingest_errors.json")
 CACHE = Path("data/cache")
+MANIFEST = "manifest.json"  # in every cache folder: what it holds and where it came from
 ALIGN_REPORT = Path("reports/align.json")
 ALIGN_OVERLAY = Path("reports/align_overlay.png")
 RECOGNIZER = Path("models/recognizer.pt")
@@ -25,6 +26,7 @@ REGISTER_METRICS = Path("metrics/register.json")
 # Not stage outputs: the project's own folders, reports that commands outside the pipeline write, and the train
 # stage's resume state (a means to an output, not a result: it never travels through a DVC remote).
 CHECKPOINTS = Path("checkpoints")
+BEST_GENERATOR = CHECKPOINTS / "best_generator.pt"
 PIPELINES = Path("pipelines")
 PRESETS = Path("params")
 QUICK_STUDY = PRESETS / "quick_study.yaml"  # the studies shrunk to a few CPU minutes each

@@ -19,9 +19,9 @@ from thermal2visible.data.align import Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair
 from thermal2visible.data.preprocess import (assign_splits, check_thermal_kind, prepare_thermal, prepare_visible,
                                              sequence_of)
+from thermal2visible.paths import MANIFEST
 from thermal2visible.pixels import quantise
 
-MANIFEST = "manifest.json"
 JITTER = "jitter"  # the training split at the jitter side: jitter_{thermal,visible,identity}.npy
 
 
@@ -93,7 +93,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             members = [(p, r) for p, s, r in zip(pairs, splits, residuals) if s == split]
             counts[split] = len(members)
             outputs = {split: cfg} | ({JITTER: jitter} if split == "train" else {})
-            arrays = {name: [np.lib.format.open_memmap(out_dir / f"{name}_{kind}.npy", "w+", dtype,
+            arrays = {name: [np.lib.format.open_memmap(array_file(out_dir, name, kind), "w+", dtype,
                                                        (len(members), config.image_size, config.image_size, c))
                              for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels)]
                       for name, config in outputs.items()}
@@ -114,7 +114,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             arrays.clear()  # close the memory maps before the next split opens its own
             labels = np.array([label.get(p["identity"], -1) for p, _ in members], dtype=np.int64)
             for name in outputs:
-                np.save(out_dir / f"{name}_identity.npy", labels)
+                np.save(array_file(out_dir, name, "identity"), labels)
     manifest = {"root": index["root"], "layout": layout, "max_pixels": max_pixels,
                 "image_size": size, "jitter_size": jitter.image_size, "thermal_channels": channels[0],
                 # what the camera gave (uint8, uint16 counts or a float temperature map): the kind of frame the
@@ -124,6 +124,11 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
                 "preprocess": dataclasses.asdict(cfg), "align": alignment, "sources": sources}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def array_file(cache_dir: str | Path, split: str, kind: str) -> Path:
+    """The cached array of one split (or JITTER) and kind: thermal, visible or identity."""
+    return Path(cache_dir) / f"{split}_{kind}.npy"
 
 
 def load_manifest(cache_dir: str | Path) -> dict:
@@ -136,7 +141,7 @@ def load_manifest(cache_dir: str | Path) -> dict:
 
 def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(thermal, visible, identity) arrays of one split (or of JITTER), memory-mapped read-only."""
-    return tuple(np.load(Path(cache_dir) / f"{split}_{kind}.npy", mmap_mode="r")
+    return tuple(np.load(array_file(cache_dir, split, kind), mmap_mode="r")
                  for kind in ("thermal", "visible", "identity"))
 
 

@@ -31,7 +31,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_I
 
 from thermal2visible.config import Params
 from thermal2visible.errors import ConfigError
-from thermal2visible.paths import CACHE, SOURCES
+from thermal2visible.paths import CACHE, MANIFEST, SOURCES
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -92,7 +92,7 @@ def ensure_experiment(client: MlflowClient, name: str) -> None:
 
 
 def data_hash(cache_dir: str | Path) -> str:
-    return hashlib.md5((Path(cache_dir) / "manifest.json").read_bytes()).hexdigest()
+    return hashlib.md5((Path(cache_dir) / MANIFEST).read_bytes()).hexdigest()
 
 
 def git_tags() -> dict[str, str]:

@@ -43,6 +43,7 @@ from thermal2visible.models.payloads import atomic_save
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
+LAST = "last"  # the checkpoint after every epoch: last.ckpt
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -135,12 +136,16 @@ class RunStamp(Callback):
         checkpoint[STAMP] = dict(self.stamp)
 
 
+def last_checkpoint(directory: Path) -> Path:
+    return directory / (LAST + ModelCheckpoint.FILE_EXTENSION)
+
+
 def checkpointing(directory: Path, fingerprint: str, mlflow_run_id: str | None) -> list[Callback]:
     """`directory`/last.ckpt after every epoch (with the run's stamp), nothing else.
 
     (A "top 1" by recency named "last": Lightning's save_last alone only writes when a top-k file was written.)
     """
-    return [ModelCheckpoint(dirpath=directory, filename="last", save_top_k=1, enable_version_counter=False),
+    return [ModelCheckpoint(dirpath=directory, filename=LAST, save_top_k=1, enable_version_counter=False),
             RunStamp(fingerprint, mlflow_run_id)]
 
 
@@ -150,7 +155,7 @@ def find_resume(directory: Path, fingerprint: str, mode: str,
 
     A fresh start deletes last.ckpt and the `stale` files that belonged to the old run (on rank 0).
     """
-    last = directory / "last.ckpt"
+    last = last_checkpoint(directory)
     if mode == "auto" and last.is_file():
         try:
             stamp = torch.load(last, map_location="cpu", weights_only=True).get(STAMP) or {}
