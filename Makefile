@@ -10,8 +10,6 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
-MODEL ?= models:/thermal2visible@champion
-PORT ?= 5001
 
 .PHONY: setup demo test test-fast lint serve ui screenshots clean
 
@@ -28,11 +26,11 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/dvc repro
 	@echo
-	@echo "Serve the champion:  make serve        (REST on http://127.0.0.1:$(PORT), see README: Serving)"
+	@echo "Serve the champion:  make serve        (REST on params.yaml serve.host:serve.port, see README: Serving)"
 	@echo "Browse the runs:     make ui           (MLflow UI on http://127.0.0.1:5000, see README: Tracking)"
 
 serve: setup
-	$(VENV)/bin/mlflow models serve -m $(MODEL) --env-manager local -h 127.0.0.1 -p $(PORT)
+	$(PY) pipelines/serve.py $(if $(MODEL),--model $(MODEL))
 
 ui: setup
 	@echo "MLflow UI, model-training view: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"

@@ -1,8 +1,8 @@
 """Translate one thermal image with a running model server:
 
-    python examples/client.py thermal.png visible.png [--url http://127.0.0.1:5001]
+    python examples/client.py thermal.png visible.png --url http://HOST:PORT
 
-The server is `mlflow models serve -m models:/thermal2visible@champion --env-manager local -p 5001`.
+The server is `make serve` (pipelines/serve.py: params.yaml's serve.host and serve.port; it prints the command).
 """
 import argparse
 import base64
@@ -14,7 +14,7 @@ import requests
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("thermal", type=Path, help="PNG, JPEG or TIFF thermal image (8- or 16-bit)")
 parser.add_argument("visible", type=Path, help="where to write the visible PNG")
-parser.add_argument("--url", default="http://127.0.0.1:5001", help="model server (default: %(default)s)")
+parser.add_argument("--url", required=True, help="model server, e.g. http://127.0.0.1:5001")
 args = parser.parse_args()
 
 body = {"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(args.thermal.read_bytes()).decode()]]}}

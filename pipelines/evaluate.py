@@ -26,14 +26,15 @@ from thermal2visible.config import Params, stored_section
 from thermal2visible.data.cache import array_file, raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.inference.export import run_torch
-from thermal2visible.inference.frames import full_frame_psnr
-from thermal2visible.metrics import image_scores, rank1_accuracy, score_means, to_unit, verification_auc
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.metrics import (full_frame_psnr, image_scores, rank1_accuracy, score_means, to_unit,
+                                     verification_auc)
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
 from thermal2visible.tracking.store import log_artifact, start_run, training_run_id
 from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, RECOGNIZER
-from thermal2visible.pixels import to_model, unit
+from thermal2visible.pixels import to_model, unit, with_channels
 
 GRID_FACES = 8
 FACES = ("generator", "real_visible", "thermal_input")  # what the recognizer is shown: result, ceiling, floor
@@ -43,15 +44,6 @@ def mean_training_face(visible_channels: int) -> torch.Tensor:
     """(Cv,S,S) in [-1,1]: the pixel-wise mean of the training split's visible images."""
     mean = unit(np.load(array_file(CACHE, "train", "visible"))).mean(axis=0)
     return torch.from_numpy(to_model(mean)[0, :visible_channels])
-
-
-def as_visible(thermal: torch.Tensor, visible_channels: int) -> torch.Tensor:
-    """The thermal image shown as a visible one: grey replicated to RGB (or RGB averaged to grey)."""
-    if thermal.shape[1] == visible_channels:
-        return thermal
-    if thermal.shape[1] == 1:
-        return thermal.expand(-1, visible_channels, -1, -1)
-    return thermal.mean(dim=1, keepdim=True)
 
 
 @torch.inference_mode()
@@ -70,7 +62,7 @@ def evaluate(generator: torch.nn.Module, test_mode: str, data: PairedDataModule)
         with as_tested(generator, test_mode):
             generated = generator(thermal)
         predictions = {"generator": generated, "baseline_mean_image": mean_face.expand_as(real),
-                       "baseline_thermal": as_visible(thermal, channels)}
+                       "baseline_thermal": with_channels(thermal, channels)}
         for name, prediction in predictions.items():
             for metric, values in image_scores(to_unit(prediction), to_unit(real)).items():
                 scores[name][metric].update(values)
@@ -123,8 +115,9 @@ def main(params: Params) -> None:
             return run_torch(generator, batch)
 
     # the same frames at full size, in register, through the code that serves them (inference.frames.translate_frame)
-    results["generator"]["psnr_full_frame"] = full_frame_psnr(
-        generate, stored_section("preprocess", payload["preprocess"]), raw_pairs(CACHE, "test"))
+    cfg = stored_section("preprocess", payload["preprocess"])
+    results["generator"]["psnr_full_frame"] = full_frame_psnr(lambda thermal: translate_frame(generate, thermal, cfg),
+                                                              raw_pairs(CACHE, "test"))
     identity = identity_scores(faces, data.identities, data.manifest["preprocess"]["split_by"])
     report = {"test_images": data.manifest["counts"]["test"], **results, "identity": identity}
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)

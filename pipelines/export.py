@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.inference.export import (cache_to_model_input, check_parity, export_generator, median_latency_ms,
-                                              psnr, quantize_int8, run_torch)
+                                              quantize_int8, run_torch)
 from thermal2visible.inference.session import onnx_session, run_onnx
+from thermal2visible.metrics import psnr
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.data.cache import array_file, load_manifest
 from thermal2visible.paths import CACHE, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, ONNX_INT8
+from thermal2visible.pixels import from_model
 
 CALIBRATION_IMAGES = 64
 
@@ -69,7 +72,8 @@ def main(params: Params) -> None:
         quantize_int8(ONNX, ONNX_INT8, load_split("train", image_size)[:CALIBRATION_IMAGES])
         int8 = onnx_session(ONNX_INT8)
         metrics |= {"int8_size_bytes": ONNX_INT8.stat().st_size,
-                    "int8_psnr_vs_fp32": psnr(run_onnx(session, test), run_onnx(int8, test))}
+                    "int8_psnr_vs_fp32": float(psnr(*(from_model(torch.from_numpy(run_onnx(model, test)))
+                                                      for model in (session, int8))).mean())}
         latencies["onnxruntime int8"] = median_latency_ms(lambda x: run_onnx(int8, x), one)
     EXPORT_METRICS.parent.mkdir(parents=True, exist_ok=True)
     EXPORT_METRICS.write_text(json.dumps(metrics, indent=2) + "\n")

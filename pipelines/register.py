@@ -21,7 +21,8 @@ from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.cache import load_manifest, raw_pairs
-from thermal2visible.inference.frames import full_frame_psnr
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.metrics import full_frame_psnr
 from thermal2visible.inference.registry import register
 from thermal2visible.inference.serving import ThermalToVisible
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
@@ -78,7 +79,9 @@ class TestFrames:
         if not pairs:
             return math.nan, 0
         model = self._model(model_uri)
-        return full_frame_psnr(lambda batch: run_onnx(model.session, batch), model.preprocess, pairs), len(pairs)
+        def generate(batch):
+            return run_onnx(model.session, batch)
+        return full_frame_psnr(lambda thermal: translate_frame(generate, thermal, model.preprocess), pairs), len(pairs)
 
 
 def frame_hashes(source: dict) -> frozenset[str]:

@@ -25,8 +25,8 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from tqdm import tqdm
 
-from thermal2visible.errors import PipelineError
-from thermal2visible.config import ServeConfig
+from thermal2visible.errors import ConfigError, PipelineError
+from thermal2visible.config import load_params
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
 from thermal2visible.inference.serving import IMAGE, pyfunc_arguments, to_base64
 from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
@@ -80,12 +80,19 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="MLflow model URI or a .onnx file")
     parser.add_argument("--input", required=True, type=Path, help="folder of thermal images, or a thermal video")
     parser.add_argument("--output", required=True, type=Path, help="folder for the visible PNGs, or a video file")
-    parser.add_argument("--max-pixels", type=int, default=ServeConfig.max_pixels,
-                        help=f"largest image accepted, width x height (default {ServeConfig.max_pixels})")
-    parser.add_argument("--max-model-pixels", type=int, default=ServeConfig.max_model_pixels,
+    parser.add_argument("--max-pixels", type=int,
+                        help="largest image accepted, width x height (default: params.yaml serve.max_pixels)")
+    parser.add_argument("--max-model-pixels", type=int,
                         help="most pixels one frame may cost the model once scaled by image_size / its shorter side "
-                             f"(default {ServeConfig.max_model_pixels})")
+                             "(default: params.yaml serve.max_model_pixels)")
     args = parser.parse_args()
+    if args.max_pixels is None or args.max_model_pixels is None:
+        try:
+            serve = load_params().serve
+        except ConfigError as error:
+            sys.exit(f"error: {error} (run from the project folder, or give --max-pixels and --max-model-pixels)")
+        args.max_pixels = serve.max_pixels if args.max_pixels is None else args.max_pixels
+        args.max_model_pixels = serve.max_model_pixels if args.max_model_pixels is None else args.max_model_pixels
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     video = args.input.suffix.lower() in VIDEO_SUFFIXES
     try:

@@ -17,13 +17,14 @@ import pandas as pd
 import pytest
 import requests
 import tifffile
+import yaml
 from mlflow.exceptions import MlflowException
 from PIL import Image
-from thermal2visible.paths import MANIFEST
-from thermal2visible.dev.servers import mlflow_server, model_server
+from thermal2visible.dev.servers import free_port, mlflow_server, model_server, quiet_env, running
 from tiny_model import export_tiny
 
 from thermal2visible.data.images import read_image
+from thermal2visible.paths import MANIFEST
 from thermal2visible.inference.registry import register
 from thermal2visible.inference.serving import IMAGE, PACKAGE, PACKED, png_bytes, pyfunc_arguments, to_base64
 
@@ -184,6 +185,19 @@ def test_example_client(url, tmp_path):
     failed = subprocess.run([*client, str(tmp_path / "notes.png"), str(tmp_path / "out.png")],
                             capture_output=True, text=True)
     assert failed.returncode == 1 and "HTTP 400" in failed.stderr and "not a PNG, JPEG or TIFF" in failed.stderr
+
+
+
+def test_make_serve_listens_where_params_yaml_says(in_process, tracking_uri, tmp_path):
+    """pipelines/serve.py (`make serve`) binds serve.host and serve.port of the params.yaml it is run beside."""
+    port = free_port()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["serve"]["port"] = port
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    command = [sys.executable, str(ROOT / "pipelines" / "serve.py"), "--model", MODEL_URI]
+    with running(command, "/ping", port, tmp_path / "serve.log", quiet_env(MLFLOW_TRACKING_URI=tracking_uri)) as url:
+        assert url == f"http://{params['serve']['host']}:{port}"
+        assert invoke(url, {"dataframe_split": {"columns": [IMAGE], "data": [[FRAMES[0]]]}}).status_code == 200
 
 
 # Run in a fresh interpreter: load a served model, translate one frame, report what it imported.

@@ -68,3 +68,16 @@ def from_model(output, dtype=None):
 def nhwc(batch: np.ndarray) -> np.ndarray:
     """NCHW (the model's layout) -> NHWC (an image's)."""
     return batch.transpose(0, 2, 3, 1)
+
+
+def nchw(images: np.ndarray) -> np.ndarray:
+    """HxWxC or NxHxWxC (an image's layout) -> contiguous NCHW (the model's)."""
+    batch = images[None] if images.ndim == 3 else images
+    return np.ascontiguousarray(batch.transpose(0, 3, 1, 2))
+
+
+def with_channels(batch, channels: int):
+    """An NCHW torch batch shown with `channels` channels: grey replicated to RGB, RGB averaged to grey."""
+    if batch.shape[1] == channels:
+        return batch
+    return batch.expand(-1, channels, -1, -1) if batch.shape[1] == 1 else batch.mean(dim=1, keepdim=True)

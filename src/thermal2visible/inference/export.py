@@ -20,7 +20,6 @@ import onnx
 import onnxruntime as ort
 import torch
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-from skimage.metrics import peak_signal_noise_ratio
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.session import INPUT_NAME, OUTPUT_NAME, run_onnx
@@ -126,8 +125,3 @@ def quantize_int8(fp32_path: Path, int8_path: Path, calibration_images: np.ndarr
     fp32, int8 = onnx.load(fp32_path), onnx.load(int8_path)
     onnx.helper.set_model_props(int8, {prop.key: prop.value for prop in fp32.metadata_props})
     onnx.save_model(int8, int8_path)
-
-
-def psnr(reference: np.ndarray, test: np.ndarray) -> float:
-    """PSNR in dB of generator outputs in [-1,1] (data range 2)."""
-    return float(peak_signal_noise_ratio(reference, test, data_range=2.0))

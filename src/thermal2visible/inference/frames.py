@@ -19,15 +19,14 @@ multiples of image_size) on a frame that is not the training square:
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Literal
+from typing import Callable, Literal
 
 import numpy as np
-from skimage.metrics import peak_signal_noise_ratio
 from skimage.transform import resize
 
 from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.preprocess import normalise_frame, training_view
-from thermal2visible.pixels import from_model, nhwc, to_model, unit
+from thermal2visible.pixels import from_model, nhwc, to_model
 
 Generate = Callable[[np.ndarray], np.ndarray]  # (N,Ct,H,W) float32 in [-1,1] -> (N,Cv,H,W) in [-1,1]
 Method = Literal["pad", "tile"]
@@ -96,11 +95,3 @@ def translate_frame(generate: Generate, frame: np.ndarray, cfg: PreprocessConfig
         visible[top:top + box_side, left:left + box_side] = np.clip(_resized(from_model(face), box_side, box_side),
                                                                     0.0, 1.0)
     return visible
-
-
-def full_frame_psnr(generate: Generate, cfg: PreprocessConfig, pairs: Iterable[tuple[np.ndarray, np.ndarray]],
-                    method: Method = METHOD) -> float:
-    """Mean PSNR (dB, images in [0, 1]) of `translate_frame` against the real visible frames, at their full size."""
-    scores = [peak_signal_noise_ratio(unit(visible), translate_frame(generate, thermal, cfg, method), data_range=1.0)
-              for thermal, visible in pairs]
-    return float(np.mean(scores))

@@ -95,8 +95,9 @@ def _transcode(model: FrameTranslator, reader, stream, source: Path, partial: Pa
                 if frame is None:
                     break
                 visible = model.translate(frame.to_ndarray(format=decoded_as), f"{source}: frame {index}")
-                rgb = np.dstack([visible] * 3) if visible.ndim == 2 else visible
-                picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+                # the encoder converts grey or RGB frames to its own pixel format
+                picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(visible),
+                                                     format="gray" if visible.ndim == 2 else "rgb24")
                 picture.pts, picture.time_base = index, 1 / rate
                 writer.mux(out.encode(picture))
                 index += 1

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger
 
-from thermal2visible.pixels import from_model, quantise
+from thermal2visible.pixels import from_model, quantise, with_channels
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
@@ -18,9 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 def _as_rgb(images: torch.Tensor) -> np.ndarray:
     """(B,C,S,S) in [-1,1], C 1 or 3 -> (B,S,S,3) uint8."""
-    unit = from_model(images.detach().float().cpu())
-    if unit.shape[1] == 1:
-        unit = unit.expand(-1, 3, -1, -1)
+    unit = with_channels(from_model(images.detach().float().cpu()), 3)
     return quantise(unit.permute(0, 2, 3, 1).numpy(), np.uint8)
 
 
