@@ -24,6 +24,7 @@ from scipy.ndimage import binary_dilation
 from benchmarks.common import machine_text, write_report
 from thermal2visible.config import load_params, preset_overrides, stored_section
 from thermal2visible.data.cache import load_manifest
+from thermal2visible.paths import CACHE, CAMERA, ONNX, PARAMS
 from thermal2visible.data.synthetic import random_face, render, shot_of
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
@@ -50,10 +51,10 @@ def shared_psnr(prediction: np.ndarray, truth: np.ndarray, shared: np.ndarray) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--preset", type=Path, default=Path("params/camera.yaml"))
-    parser.add_argument("--onnx", type=Path, default=Path("models/generator.onnx"))
-    parser.add_argument("--cache", type=Path, default=Path("data/cache"))
+    parser.add_argument("--params", type=Path, default=PARAMS)
+    parser.add_argument("--preset", type=Path, default=CAMERA)
+    parser.add_argument("--onnx", type=Path, default=ONNX)
+    parser.add_argument("--cache", type=Path, default=CACHE)
     args = parser.parse_args()
     synthesize = load_params(args.params, preset_overrides(args.preset)).synthesize
     session = onnx_session(args.onnx)

@@ -5,6 +5,7 @@ Timings are medians of repeats after warm-up; every figure says how many torch t
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback
 
 from thermal2visible.cli import quiet_lightning
-from thermal2visible.config import IngestConfig, ModelConfig, PreprocessConfig, SynthesizeConfig
+from thermal2visible.config import PreprocessConfig, load_params, preset_overrides
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.datamodule import mirrored, random_windows
 from thermal2visible.data.ingest import ingest
@@ -33,11 +34,13 @@ from benchmarks.rounds import MachineLoad
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
-from thermal2visible.paths import REPORTS  # noqa: E402
+from thermal2visible.paths import PAPER_GPU, REPORTS  # noqa: E402
 quiet_lightning()
 logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: False" x N
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
-PAPER_SIZE, PAPER_MODEL = 256, ModelConfig(ngf=64, ndf=64, norm="batch", dropout=0.5)  # the paper's networks
+SHIPPED = load_params()  # params.yaml: every setting a benchmark does not change on purpose
+PAPER = load_params(overrides=preset_overrides(PAPER_GPU))
+PAPER_SIZE, PAPER_MODEL = PAPER.preprocess.image_size, PAPER.model  # the paper's networks
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
@@ -174,11 +177,13 @@ def synthetic_cache(root: Path, size: int, pairs: int) -> tuple[Path, Preprocess
     """`pairs` synthetic raw frames (RAW_SIDE x `size`) under root/raw and their cache in root/cache, made by the
     data stages' own functions; almost all pairs go to the training split."""
     identities = 4
-    synthesize(SynthesizeConfig(identities=identities, images_per_identity=-(-pairs // identities),
-                                resolution=int(size * RAW_SIDE)), root / "raw")
-    index, _ = ingest(root / "raw", "pairs", IngestConfig())
-    cfg = PreprocessConfig(image_size=size, face_crop=False, val_fraction=0.05, test_fraction=0.05)
-    build_cache(index, cfg, IngestConfig().max_pixels, root / "cache", on_error="fail")
+    synthesize(dataclasses.replace(SHIPPED.synthesize, identities=identities,
+                                   images_per_identity=-(-pairs // identities), resolution=int(size * RAW_SIDE)),
+               root / "raw")
+    index, _ = ingest(root / "raw", "pairs", SHIPPED.ingest)
+    cfg = dataclasses.replace(SHIPPED.preprocess, image_size=size, face_crop=False, val_fraction=0.05,
+                              test_fraction=0.05)
+    build_cache(index, cfg, SHIPPED.ingest.max_pixels, root / "cache", on_error="fail")
     return root / "cache", cfg
 
 

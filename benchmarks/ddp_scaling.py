@@ -13,6 +13,7 @@ Usage: python -m benchmarks.ddp_scaling [--size 256] [--batches 4] [--rounds 3] 
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -30,11 +31,10 @@ import torch.multiprocessing as mp  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
-from benchmarks.common import (PAPER_MODEL, REPORTS, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
+from benchmarks.common import (PAPER_MODEL, REPORTS, SHIPPED, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
                                synthetic_cache, write_report)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.dev.servers import free_port  # noqa: E402
-from thermal2visible.config import LoaderConfig, TrainConfig  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
 from thermal2visible.training.precision import resolve_precision  # noqa: E402
@@ -78,8 +78,8 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     """One configuration; rank 0 writes {"step_s": ...} to `out`."""
     config = dict(config)
     workers, compress = config.pop("workers"), config.pop("compress", None)
-    train = TrainConfig(batch_size=batch * workers, devices=workers, accelerator="cpu", precision="auto",
-                        channels_last=True, fused_adam=True, max_epochs=1)
+    train = dataclasses.replace(SHIPPED.train, batch_size=batch * workers, devices=workers, accelerator="cpu",
+                                precision="auto", channels_last=True, fused_adam=True, max_epochs=1)
     strategy = "auto"
     if workers == 1:
         torch.set_num_threads(1)
@@ -91,7 +91,7 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     callbacks = [clock] + ([Compression(compress)] if compress else [])
     trainer = build_trainer(train, callbacks=callbacks, strategy=strategy, limit_train_batches=warmup + repeats,
                             limit_val_batches=0)
-    trainer.fit(module, datamodule=PairedDataModule(cache, batch, LoaderConfig(preload=True)))
+    trainer.fit(module, datamodule=PairedDataModule(cache, batch, dataclasses.replace(SHIPPED.loader, preload=True)))
     if trainer.is_global_zero:
         out.write_text(json.dumps({"step_s": clock.step_seconds(warmup), "threads": torch.get_num_threads()}))
 
@@ -164,7 +164,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
         pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16
         cache, _ = synthetic_cache(Path(scratch), args.size, pairs)
-        generator_and_discriminator = Pix2Pix(PAPER_MODEL, TrainConfig(), args.size, 1, 3)
+        generator_and_discriminator = Pix2Pix(PAPER_MODEL, SHIPPED.train, args.size, 1, 3)
         gradients = sum(weight.numel() for weight in generator_and_discriminator.parameters())
         exchange = allreduce_seconds(gradients, Path(scratch))
         print(f"  one all-reduce of the {gradients / 1e6:.1f} M gradients: " + ", ".join(

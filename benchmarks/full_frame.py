@@ -22,6 +22,7 @@ from benchmarks.common import machine, machine_text
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
 from thermal2visible.config import PreprocessConfig, stored_section
 from thermal2visible.data.cache import raw_pairs
+from thermal2visible.paths import CACHE, ONNX, REPORTS
 from thermal2visible.data.preprocess import prepare_thermal
 from thermal2visible.inference.export import median_latency_ms
 from thermal2visible.inference.frames import translate_frame
@@ -43,9 +44,9 @@ def side_by_side(pairs: list[tuple[np.ndarray, np.ndarray]], count: int) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--onnx", type=Path, default=Path("models/generator.onnx"))
-    parser.add_argument("--cache", type=Path, default=Path("data/cache"))
-    parser.add_argument("--out", type=Path, default=Path("reports/full_frame.json"))
+    parser.add_argument("--onnx", type=Path, default=ONNX)
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--out", type=Path, default=REPORTS / "full_frame.json")
     parser.add_argument("--rounds", type=int, default=3, help="timed latency rounds after one warm-up round")
     args = parser.parse_args()
     session = onnx_session(args.onnx)

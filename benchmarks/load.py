@@ -28,10 +28,9 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.common import REPORTS, write_report  # noqa: E402
+from benchmarks.common import REPORTS, SHIPPED, write_report  # noqa: E402
 from benchmarks.inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
-from thermal2visible.config import PreprocessConfig  # noqa: E402
 from thermal2visible.inference.export import export_generator  # noqa: E402
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.inference.serving import IMAGE, pyfunc_arguments  # noqa: E402
@@ -42,9 +41,9 @@ from thermal2visible.dev.servers import model_server  # noqa: E402
 def served_model(folder: Path, size: int, ngf: int) -> Path:
     """A pyfunc folder (what `register` logs) around a fresh generator of side `size` and width `ngf`."""
     torch.manual_seed(0)
-    save_generator(UNetGenerator(1, 3, size, ngf=ngf, norm="batch", dropout=0.5, recompute=False),
+    save_generator(UNetGenerator(1, 3, size, ngf, SHIPPED.model.norm, SHIPPED.model.dropout, recompute=False),
                    folder / "generator.pt", "eval",
-                   preprocess=dataclasses.asdict(PreprocessConfig(image_size=size)))
+                   preprocess=dataclasses.asdict(dataclasses.replace(SHIPPED.preprocess, image_size=size)))
     generator, payload = load_generator(folder / "generator.pt")
     # thermal_dtype: the kind of frame the clients send (16-bit PNGs)
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype="uint16")
@@ -102,8 +101,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=200, help="requests per client")
-    parser.add_argument("--size", type=int, default=64, help="model side (the demo's preprocess.image_size)")
-    parser.add_argument("--ngf", type=int, default=32, help="generator width (the demo's model.ngf)")
+    parser.add_argument("--size", type=int, default=SHIPPED.preprocess.image_size,
+                        help="model side (default: params.yaml preprocess.image_size)")
+    parser.add_argument("--ngf", type=int, default=SHIPPED.model.ngf,
+                        help="generator width (default: params.yaml model.ngf)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="t2v-load-") as scratch:
         scratch = Path(scratch)

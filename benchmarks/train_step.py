@@ -38,12 +38,12 @@ from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from benchmarks.common import (PAPER_MODEL, PAPER_SIZE, REPORTS, BatchClock, GemmPeaks, decoded_batch,  # noqa: E402
+from benchmarks.common import (PAPER_MODEL, PAPER_SIZE, REPORTS, SHIPPED, BatchClock, GemmPeaks, decoded_batch,  # noqa: E402
                                machine_text, markdown_table, profile_summary, share_text, synthetic_cache, write_report)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.config import (IngestConfig, LoaderConfig, ModelConfig, PreprocessConfig,  # noqa: E402
-                                    TrainConfig)
-from thermal2visible.data.cache import load_manifest  # noqa: E402
+from thermal2visible.config import (ModelConfig, PreprocessConfig,  # noqa: E402
+                                    )
+from thermal2visible.data.cache import array_file, load_manifest  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible  # noqa: E402
@@ -66,7 +66,7 @@ CONFIGS = {PLAIN: None, "default": {}, "default + torch.compile": dict(compile=T
 
 
 def model_for(size: int) -> ModelConfig:
-    return PAPER_MODEL if size == PAPER_SIZE else ModelConfig()
+    return PAPER_MODEL if size == PAPER_SIZE else SHIPPED.model
 
 
 def timed_steps(steps_at_paper_size: int, size: int) -> int:
@@ -76,14 +76,14 @@ def timed_steps(steps_at_paper_size: int, size: int) -> int:
 
 
 def step_dtype(change: dict | None) -> str:
-    precision = "32-true" if change is None else change.get("precision", TrainConfig().precision)
+    precision = "32-true" if change is None else change.get("precision", SHIPPED.train.precision)
     return "bf16" if resolve_precision(precision, "cpu") == "bf16-mixed" else "fp32"
 
 
 def memory_batches(cache: Path, size: int, batch: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`count` batches of training pairs as model input (NCHW, [-1, 1], `size` px windows of the cached training
     images), made once: the plain step's input."""
-    thermal, visible = (torch.from_numpy(to_model(np.load(cache / f"train_{kind}.npy")[:, :size, :size]))
+    thermal, visible = (torch.from_numpy(to_model(np.load(array_file(cache, "train", kind))[:, :size, :size]))
                         for kind in ("thermal", "visible"))
     picks = [torch.arange(i * batch, (i + 1) * batch) % len(thermal) for i in range(count)]
     return [(thermal[p].contiguous(), visible[p].contiguous()) for p in picks]
@@ -94,7 +94,7 @@ class PlainPix2Pix:
     updated D (D frozen) plus lambda * L1, G steps. Same networks, losses and optimizer settings as the project."""
 
     def __init__(self, model: ModelConfig, size: int, visible_channels: int = 3):
-        train = TrainConfig()
+        train = SHIPPED.train
         self.generator = UNetGenerator(1, visible_channels, size, model.ngf, model.norm, model.dropout, recompute=False)
         self.discriminator = PatchDiscriminator(1 + visible_channels, model.ndf, model.norm, patch_layers(size))
         self.opt_g, self.opt_d = (torch.optim.Adam(net.parameters(), train.lr_g, betas=(train.beta1, train.beta2))
@@ -147,25 +147,26 @@ class DecodedPairs(Dataset):
         return len(self.sources)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        thermal, visible = read_pair(self.root, self.sources[i], "pairs", IngestConfig().max_pixels)
+        thermal, visible = read_pair(self.root, self.sources[i], "pairs", SHIPPED.ingest.max_pixels)
         return prepare_thermal(thermal, self.cfg), prepare_visible(visible, thermal, self.cfg)
 
 
 def jittered_batch(samples: list) -> dict:
-    return decoded_batch(samples, PreprocessConfig().jitter_scale) | {"identity": torch.full((len(samples),), -1)}
+    return decoded_batch(samples, SHIPPED.preprocess.jitter_scale) | {"identity": torch.full((len(samples),), -1)}
 
 
 def fit(change: dict, batch: int, size: int, data: tuple, batches: int, callbacks: list) -> None:
     """Train the project's Pix2Pix for `batches` batches: params.yaml's train settings with `change` applied."""
     settings = dict(change)
     cached = settings.pop("cached", True)
-    train = dataclasses.replace(TrainConfig(), batch_size=batch, max_epochs=1, accelerator="cpu", **settings)
+    train = dataclasses.replace(SHIPPED.train, batch_size=batch, max_epochs=1, accelerator="cpu", **settings)
     seed_everything(0, verbose=False)
     module = Pix2Pix(model_for(size), train, size, thermal_channels=1, visible_channels=3)
     trainer = build_trainer(train, callbacks=callbacks, limit_train_batches=batches, limit_val_batches=0)
     cache, cfg = data
     if cached:
-        trainer.fit(module, datamodule=PairedDataModule(cache, batch, LoaderConfig(preload=True)))
+        loader = dataclasses.replace(SHIPPED.loader, preload=True)
+        trainer.fit(module, datamodule=PairedDataModule(cache, batch, loader))
     else:
         loader = DataLoader(DecodedPairs(cache, cfg), batch_size=batch, shuffle=True, drop_last=True,
                             collate_fn=jittered_batch)

@@ -22,6 +22,7 @@ from skimage.metrics import peak_signal_noise_ratio
 from benchmarks.common import machine_text, write_report
 from thermal2visible.config import stored_section
 from thermal2visible.data.cache import raw_pairs
+from thermal2visible.paths import CACHE, ONNX
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import unit
@@ -60,8 +61,8 @@ def face_psnr(generate, cfg, thermal: np.ndarray, visible: np.ndarray, layout) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--onnx", type=Path, default=Path("models/generator.onnx"))
-    parser.add_argument("--cache", type=Path, default=Path("data/cache"))
+    parser.add_argument("--onnx", type=Path, default=ONNX)
+    parser.add_argument("--cache", type=Path, default=CACHE)
     args = parser.parse_args()
     session = onnx_session(args.onnx)
     cfg = stored_section("preprocess", onnx_metadata(session)["preprocess"])

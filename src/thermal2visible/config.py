@@ -18,6 +18,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from thermal2visible.errors import ConfigError
+from thermal2visible.paths import PARAMS
 
 # JSON's strict rules, as YAML values read: 3 is no bool, "3" no int, 3 a float, a list a tuple; an unknown key fails.
 SCHEMA = ConfigDict(strict=True, extra="forbid")
@@ -355,7 +356,7 @@ def preset_overrides(path: str | Path) -> list[str]:
     return [f"{section}.{key}={text(value)}" for section, keys in raw.items() for key, value in (keys or {}).items()]
 
 
-def load_params(path: str | Path = "params.yaml", overrides: typing.Sequence[str] = ()) -> Params:
+def load_params(path: str | Path = PARAMS, overrides: typing.Sequence[str] = ()) -> Params:
     path = Path(path)
     raw = _read_sections(path, "params")
     for override in overrides:
