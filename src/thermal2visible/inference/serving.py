@@ -58,8 +58,9 @@ REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pil
 # The package files the served model runs: this module and what it imports, transitively, and nothing else (no
 # training, tracking or dev code; tests/test_inference_package.py checks the list against the imports).
 PACKAGE = Path(__file__).resolve().parents[1]
-PACKED = ("config.py", "errors.py", "pixels.py", "data/__init__.py", "data/images.py", "data/preprocess.py",
-          "inference/__init__.py", "inference/frames.py", "inference/serving.py", "inference/session.py")
+PACKED = ("config.py", "errors.py", "pixels.py", "private_apis.py", "data/__init__.py", "data/images.py",
+          "data/preprocess.py", "inference/__init__.py", "inference/frames.py", "inference/serving.py",
+          "inference/session.py")
 
 log = logging.getLogger(__name__)
 
