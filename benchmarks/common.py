@@ -34,12 +34,13 @@ from benchmarks.rounds import MachineLoad
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
-from thermal2visible.paths import PAPER_GPU, REPORTS  # noqa: E402
+from thermal2visible.paths import PAPER_GPU, PARAMS, REPORTS  # noqa: E402
 quiet_lightning()
 logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: False" x N
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
-SHIPPED = load_params()  # params.yaml: every setting a benchmark does not change on purpose
-PAPER = load_params(overrides=preset_overrides(PAPER_GPU))
+PROJECT = Path(__file__).resolve().parents[1]
+SHIPPED = load_params(PROJECT / PARAMS)  # every setting a benchmark does not change on purpose
+PAPER = load_params(PROJECT / PARAMS, preset_overrides(PROJECT / PAPER_GPU))
 PAPER_SIZE, PAPER_MODEL = PAPER.preprocess.image_size, PAPER.model  # the paper's networks
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 

@@ -66,7 +66,8 @@ def test_dvc_yaml_writes_where_the_code_writes():
         for kind in ("outs", "metrics", "plots"):
             declared |= {next(iter(entry)) if isinstance(entry, dict) else entry for entry in stage.get(kind, [])}
     not_stage_outputs = (paths.PIPELINES, paths.PRESETS, paths.QUICK_STUDY, paths.PIX2PIX_DEFAULT, paths.REPORTS,
-                         paths.STUDY_REPORTS, paths.UI_SCREENSHOTS, paths.CHECKPOINTS)
+                         paths.STUDY_REPORTS, paths.UI_SCREENSHOTS, paths.CHECKPOINTS, paths.BEST_GENERATOR, paths.PARAMS,
+                         paths.PAPER_GPU, paths.CAMERA)
     written = {str(value) for value in vars(paths).values()
                if isinstance(value, Path) and value not in not_stage_outputs}
     # data/ingested is the index's folder; models/generator.int8.onnx is optional (export.int8)
