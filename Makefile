@@ -11,7 +11,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
 
-.PHONY: setup demo test test-fast lint serve ui screenshots clean
+.PHONY: setup demo test test-fast lint format serve ui screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,8 +45,12 @@ test: setup
 test-fast: setup  # the inner loop: no multi-process, end-to-end or server tests
 	$(PY) -m pytest -m "not slow"
 
-lint: setup
+lint: setup  # what CI runs: the rules, and the format (`make format` applies it)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
 
 clean:
 	rm -rf $(VENV) data models checkpoints mlflow.db mlflow.db.lock mlruns mlartifacts reports/ingest_errors.json

@@ -10,6 +10,7 @@ PSNR (dB, [0, 1] images, mean over the test frames) over the pixels the two rend
 (where the two thermal renders differ, grown by GROW pixels) is left out of both scores. Writes
 reports/camera_calm.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,11 +76,16 @@ def main() -> None:
         for name, thermal in (("with radiator and window", busy), ("calm", calm)):
             scores[name].append(shared_psnr(translate_frame(generate, thermal, cfg), unit(truth), shared))
     psnr = {name: round(float(np.mean(values)), 2) for name, values in scores.items()}
-    report = {"command": f"python -m benchmarks.camera_calm --params {args.params} --preset {args.preset} "
-                         f"--onnx {args.onnx} --cache {args.cache}",
-              "machine_text": machine_text(), "image_size": cfg.image_size, "thermal_norm": cfg.thermal_norm,
-              "test_frames": len(scores["calm"]), "psnr_db": psnr,
-              "objects_minus_calm_db": round(psnr["with radiator and window"] - psnr["calm"], 2)}
+    report = {
+        "command": f"python -m benchmarks.camera_calm --params {args.params} --preset {args.preset} "
+        f"--onnx {args.onnx} --cache {args.cache}",
+        "machine_text": machine_text(),
+        "image_size": cfg.image_size,
+        "thermal_norm": cfg.thermal_norm,
+        "test_frames": len(scores["calm"]),
+        "psnr_db": psnr,
+        "objects_minus_calm_db": round(psnr["with radiator and window"] - psnr["calm"], 2),
+    }
     write_report("camera_calm", report)
     print(json.dumps(report, indent=2))
 

@@ -3,6 +3,7 @@
 Benchmarks run from the project root (`python -m benchmarks.<name>`); each writes reports/<name>.json (+ .png).
 Timings are medians of repeats after warm-up; every figure says how many torch threads made it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,6 +36,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from thermal2visible.paths import PAPER_GPU, PARAMS, REPORTS  # noqa: E402
+
 quiet_lightning()
 logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: False" x N
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
@@ -64,10 +66,15 @@ def machine() -> dict:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     limits = {name: os.environ[name] for name in ISA_LIMITS if name in os.environ}
     widest = "AVX512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
-    return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "bf16_instructions": [f for f in ("amx_bf16", "avx512_bf16") if f in flags],
-            "isa": widest + (f", limited to {torch.backends.cpu.get_cpu_capability()} ({limits})" if limits else ""),
-            "bf16_in_use": cpu_has_native_bf16()}
+    return {
+        "cpu": cpu_model(),
+        "cores": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "bf16_instructions": [f for f in ("amx_bf16", "avx512_bf16") if f in flags],
+        "isa": widest + (f", limited to {torch.backends.cpu.get_cpu_capability()} ({limits})" if limits else ""),
+        "bf16_in_use": cpu_has_native_bf16(),
+    }
 
 
 def machine_text(facts: dict | None = None) -> str:
@@ -97,13 +104,15 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
     """
     if dtype == torch.int8:
         a, b = (torch.randint(-128, 128, (size, size), dtype=torch.int8) for _ in range(2))
-        return 2 * size ** 3 / median_seconds(lambda: int8_matmul(a, b), repeats, warmup=2) / 1e9
+        return 2 * size**3 / median_seconds(lambda: int8_matmul(a, b), repeats, warmup=2) / 1e9
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     image = torch.randn(1, size, size, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
     kernel = torch.randn(size, size, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
-    seconds = min(median_seconds(lambda: a @ b, repeats, warmup=2),
-                  median_seconds(lambda: torch.nn.functional.conv2d(image, kernel), repeats, warmup=2))
-    return 2 * size ** 3 / seconds / 1e9
+    seconds = min(
+        median_seconds(lambda: a @ b, repeats, warmup=2),
+        median_seconds(lambda: torch.nn.functional.conv2d(image, kernel), repeats, warmup=2),
+    )
+    return 2 * size**3 / seconds / 1e9
 
 
 class GemmPeaks:
@@ -122,20 +131,31 @@ class GemmPeaks:
         for dtype, samples in self.samples.items():
             with MachineLoad() as load:
                 gflops = matmul_peak_gflops(DTYPES[dtype])
-            samples.append({"gflops": round(gflops, 1), "steal": round(load.steal, 3),
-                            "foreign_load": round(load.foreign, 3), "flagged": load.flagged})
+            samples.append(
+                {
+                    "gflops": round(gflops, 1),
+                    "steal": round(load.steal, 3),
+                    "foreign_load": round(load.foreign, 3),
+                    "flagged": load.flagged,
+                }
+            )
 
     def peak(self, dtype: str) -> dict:
         clean = [sample["gflops"] for sample in self.samples[dtype] if not sample["flagged"]]
-        return {"gflops": max(clean or [sample["gflops"] for sample in self.samples[dtype]]), "clean": bool(clean),
-                "measurements": len(self.samples[dtype])}
+        return {
+            "gflops": max(clean or [sample["gflops"] for sample in self.samples[dtype]]),
+            "clean": bool(clean),
+            "measurements": len(self.samples[dtype]),
+        }
 
     def report(self) -> dict:
         return {dtype: self.peak(dtype) | {"samples": samples} for dtype, samples in self.samples.items()}
 
     def text(self) -> str:
-        return ", ".join(f"{dtype} {peak['gflops']:.0f} GFLOP/s" + ("" if peak["clean"] else " (no clean measurement)")
-                         for dtype, peak in ((dtype, self.peak(dtype)) for dtype in self.samples))
+        return ", ".join(
+            f"{dtype} {peak['gflops']:.0f} GFLOP/s" + ("" if peak["clean"] else " (no clean measurement)")
+            for dtype, peak in ((dtype, self.peak(dtype)) for dtype in self.samples)
+        )
 
     def arithmetic(self, flops: int, seconds: float, dtype: str) -> dict:
         """Achieved GFLOP/s of `flops` done in `seconds`, and its share of the GEMM peak of the arithmetic used."""
@@ -156,8 +176,15 @@ def profile_summary(profile: torch.profiler.profile, top: int = 12) -> list[dict
     events = profile.key_averages()
     total = sum(event.self_cpu_time_total for event in events) or 1
     ranked = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:top]
-    return [{"op": event.key, "calls": event.count, "self_ms": round(event.self_cpu_time_total / 1000, 1),
-             "share": round(event.self_cpu_time_total / total, 3)} for event in ranked]
+    return [
+        {
+            "op": event.key,
+            "calls": event.count,
+            "self_ms": round(event.self_cpu_time_total / 1000, 1),
+            "share": round(event.self_cpu_time_total / total, 3),
+        }
+        for event in ranked
+    ]
 
 
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:
@@ -178,12 +205,19 @@ def synthetic_cache(root: Path, size: int, pairs: int) -> tuple[Path, Preprocess
     """`pairs` synthetic raw frames (RAW_SIDE x `size`) under root/raw and their cache in root/cache, made by the
     data stages' own functions; almost all pairs go to the training split."""
     identities = 4
-    synthesize(dataclasses.replace(SHIPPED.synthesize, identities=identities,
-                                   images_per_identity=-(-pairs // identities), resolution=int(size * RAW_SIDE)),
-               root / "raw")
+    synthesize(
+        dataclasses.replace(
+            SHIPPED.synthesize,
+            identities=identities,
+            images_per_identity=-(-pairs // identities),
+            resolution=int(size * RAW_SIDE),
+        ),
+        root / "raw",
+    )
     index, _ = ingest(root / "raw", "pairs", SHIPPED.ingest)
-    cfg = dataclasses.replace(SHIPPED.preprocess, image_size=size, face_crop=False, val_fraction=0.05,
-                              test_fraction=0.05)
+    cfg = dataclasses.replace(
+        SHIPPED.preprocess, image_size=size, face_crop=False, val_fraction=0.05, test_fraction=0.05
+    )
     build_cache(index, cfg, SHIPPED.ingest.max_pixels, root / "cache", on_error="fail")
     return root / "cache", cfg
 
@@ -201,7 +235,7 @@ class BatchClock(Callback):
 
     def step_seconds(self, warmup: int) -> float:
         """Median gap after the first `warmup` batches."""
-        return statistics.median([b - a for a, b in zip(self.stamps, self.stamps[1:])][warmup - 1:])
+        return statistics.median([b - a for a, b in zip(self.stamps, self.stamps[1:])][warmup - 1 :])
 
 
 def enlarged(images: torch.Tensor, scale: float) -> torch.Tensor:

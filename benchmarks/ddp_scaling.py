@@ -31,8 +31,17 @@ import torch.multiprocessing as mp  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
-from benchmarks.common import (PAPER_MODEL, REPORTS, SHIPPED, BatchClock, machine_text, markdown_table, median_seconds,  # noqa: E402
-                               synthetic_cache, write_report)
+from benchmarks.common import (
+    PAPER_MODEL,
+    REPORTS,
+    SHIPPED,
+    BatchClock,
+    machine_text,
+    markdown_table,
+    median_seconds,  # noqa: E402
+    synthetic_cache,
+    write_report,
+)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.dev.servers import free_port  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
@@ -78,8 +87,16 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     """One configuration; rank 0 writes {"step_s": ...} to `out`."""
     config = dict(config)
     workers, compress = config.pop("workers"), config.pop("compress", None)
-    train = dataclasses.replace(SHIPPED.train, batch_size=batch * workers, devices=workers, accelerator="cpu",
-                                precision="auto", channels_last=True, fused_adam=True, max_epochs=1)
+    train = dataclasses.replace(
+        SHIPPED.train,
+        batch_size=batch * workers,
+        devices=workers,
+        accelerator="cpu",
+        precision="auto",
+        channels_last=True,
+        fused_adam=True,
+        max_epochs=1,
+    )
     strategy = "auto"
     if workers == 1:
         torch.set_num_threads(1)
@@ -89,8 +106,9 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     module = Pix2Pix(PAPER_MODEL, train, size, thermal_channels=1, visible_channels=3)
     clock = BatchClock(warmup + repeats)
     callbacks = [clock] + ([Compression(compress)] if compress else [])
-    trainer = build_trainer(train, callbacks=callbacks, strategy=strategy, limit_train_batches=warmup + repeats,
-                            limit_val_batches=0)
+    trainer = build_trainer(
+        train, callbacks=callbacks, strategy=strategy, limit_train_batches=warmup + repeats, limit_val_batches=0
+    )
     trainer.fit(module, datamodule=PairedDataModule(cache, batch, dataclasses.replace(SHIPPED.loader, preload=True)))
     if trainer.is_global_zero:
         out.write_text(json.dumps({"step_s": clock.step_seconds(warmup), "threads": torch.get_num_threads()}))
@@ -121,9 +139,25 @@ def allreduce_seconds(numel: int, scratch: Path) -> dict:
 def seconds_per_image(name: str, batch: int, cache: Path, args, scratch: Path) -> float:
     out = scratch / "result.json"
     out.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "benchmarks.ddp_scaling", "--worker", json.dumps(CONFIGS[name]),
-               "--cache", str(cache), "--size", str(args.size), "--batches", str(batch), "--warmup", str(args.warmup),
-               "--repeats", str(args.repeats), "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.ddp_scaling",
+        "--worker",
+        json.dumps(CONFIGS[name]),
+        "--cache",
+        str(cache),
+        "--size",
+        str(args.size),
+        "--batches",
+        str(batch),
+        "--warmup",
+        str(args.warmup),
+        "--repeats",
+        str(args.repeats),
+        "--out",
+        str(out),
+    ]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0 or not out.is_file():
         raise RuntimeError(f"{name}: worker failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
@@ -158,8 +192,9 @@ def main() -> None:
         return
     if "1 worker" not in args.configs:
         parser.error("--configs must include '1 worker' (the reference)")
-    print(f"{machine_text()}; {args.size} px, {resolve_precision('auto', 'cpu')} + channels_last + fused Adam",
-          flush=True)
+    print(
+        f"{machine_text()}; {args.size} px, {resolve_precision('auto', 'cpu')} + channels_last + fused Adam", flush=True
+    )
     results, records = {}, {}
     with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
         pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16
@@ -167,11 +202,16 @@ def main() -> None:
         generator_and_discriminator = Pix2Pix(PAPER_MODEL, SHIPPED.train, args.size, 1, 3)
         gradients = sum(weight.numel() for weight in generator_and_discriminator.parameters())
         exchange = allreduce_seconds(gradients, Path(scratch))
-        print(f"  one all-reduce of the {gradients / 1e6:.1f} M gradients: " + ", ".join(
-            f"{dtype} {seconds * 1000:.0f} ms" for dtype, seconds in exchange.items()), flush=True)
+        print(
+            f"  one all-reduce of the {gradients / 1e6:.1f} M gradients: "
+            + ", ".join(f"{dtype} {seconds * 1000:.0f} ms" for dtype, seconds in exchange.items()),
+            flush=True,
+        )
         for batch in args.batches:
-            calls = {name: (lambda name=name: seconds_per_image(name, batch, cache, args, Path(scratch)))
-                     for name in args.configs}
+            calls = {
+                name: (lambda name=name: seconds_per_image(name, batch, cache, args, Path(scratch)))
+                for name in args.configs
+            }
             records[batch] = measure_rounds(calls, args.rounds, label=f"batch {batch}/worker: ")
             results[batch] = summarize(records[batch], baseline="1 worker")
     rows = []
@@ -180,10 +220,23 @@ def main() -> None:
             figures["images_per_s"] = round(1 / figures["median_s"], 3)
             figures["efficiency"] = round(figures["speedup_median"] / CONFIGS[name]["workers"], 3)
             rows.append([batch, name, figures["images_per_s"], ratio_text(figures), f"{figures['efficiency']:.0%}"])
-    print(markdown_table(["batch/worker", "configuration", "images/s", "vs 1 worker (median [min-max])",
-                          "efficiency"], rows))
-    write_report("ddp_scaling", {"results": results, "records": records, "size": args.size, "warmup": args.warmup,
-                                 "repeats": args.repeats, "gradients": gradients, "allreduce_s": exchange})
+    print(
+        markdown_table(
+            ["batch/worker", "configuration", "images/s", "vs 1 worker (median [min-max])", "efficiency"], rows
+        )
+    )
+    write_report(
+        "ddp_scaling",
+        {
+            "results": results,
+            "records": records,
+            "size": args.size,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "gradients": gradients,
+            "allreduce_s": exchange,
+        },
+    )
     plot(results, REPORTS / "ddp_scaling.png")
     print(f"wrote {REPORTS}/ddp_scaling.json and .png")
 

@@ -8,6 +8,7 @@ side by side (2:1 and 3:1: the wide frames where the methods differ; a frame is 
 side, so every square frame is one training view); latency (ms, onnxruntime on this CPU) on a Lepton 160x120 and a
 Boson 640x512 frame, the three methods in interleaved rounds (benchmarks/rounds.py), set against `pad`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ def stretched(generate, frame: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
 
 def side_by_side(pairs: list[tuple[np.ndarray, np.ndarray]], count: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Consecutive groups of `count` pairs, each joined left to right into one wide (thermal, visible) pair."""
-    groups = [pairs[k:k + count] for k in range(0, len(pairs) - count + 1, count)]
+    groups = [pairs[k : k + count] for k in range(0, len(pairs) - count + 1, count)]
     return [tuple(np.hstack(images) for images in zip(*group)) for group in groups]
 
 
@@ -56,27 +57,51 @@ def main() -> None:
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_onnx(session, batch)
 
-    methods = {"pad": lambda frame: translate_frame(generate, frame, cfg, "pad"),
-               "tile": lambda frame: translate_frame(generate, frame, cfg, "tile"),
-               "stretch (before)": lambda frame: stretched(generate, frame, cfg)}
+    methods = {
+        "pad": lambda frame: translate_frame(generate, frame, cfg, "pad"),
+        "tile": lambda frame: translate_frame(generate, frame, cfg, "tile"),
+        "stretch (before)": lambda frame: stretched(generate, frame, cfg),
+    }
     pairs = list(raw_pairs(args.cache, "test"))
-    report = {"machine": machine(), "machine_text": machine_text(), "image_size": cfg.image_size,
-              "test_pairs": len(pairs), "psnr_db": {}, "latency_ms": {}, "latency_vs_pad": {}}
+    report = {
+        "machine": machine(),
+        "machine_text": machine_text(),
+        "image_size": cfg.image_size,
+        "test_pairs": len(pairs),
+        "psnr_db": {},
+        "latency_ms": {},
+        "latency_vs_pad": {},
+    }
     layouts = {f"{count} side by side ({count}:1)": side_by_side(pairs, count) for count in (1, 2, 3)}
     for layout, frames in layouts.items():
         report["psnr_db"][layout] = {
-            name: round(float(np.mean([peak_signal_noise_ratio(unit(visible), method(thermal), data_range=1.0)
-                                       for thermal, visible in frames])), 2) for name, method in methods.items()}
+            name: round(
+                float(
+                    np.mean(
+                        [
+                            peak_signal_noise_ratio(unit(visible), method(thermal), data_range=1.0)
+                            for thermal, visible in frames
+                        ]
+                    )
+                ),
+                2,
+            )
+            for name, method in methods.items()
+        }
     rng = np.random.default_rng(0)
     for height, width in ((120, 160), (512, 640)):
         frame = rng.integers(29_000, 31_000, (height, width), dtype=np.uint16)
-        calls = {name: (lambda method=method: median_latency_ms(method, frame, repeats=5) / 1000)
-                 for name, method in methods.items()}
+        calls = {
+            name: (lambda method=method: median_latency_ms(method, frame, repeats=5) / 1000)
+            for name, method in methods.items()
+        }
         summary = summarize(measure_rounds(calls, args.rounds, label=f"{width}x{height}: "), baseline="pad")
-        report["latency_ms"][f"{width}x{height}"] = {name: round(1000 * figures["median_s"], 1)
-                                                     for name, figures in summary["configs"].items()}
-        report["latency_vs_pad"][f"{width}x{height}"] = {name: ratio_text(figures)
-                                                         for name, figures in summary["configs"].items()}
+        report["latency_ms"][f"{width}x{height}"] = {
+            name: round(1000 * figures["median_s"], 1) for name, figures in summary["configs"].items()
+        }
+        report["latency_vs_pad"][f"{width}x{height}"] = {
+            name: ratio_text(figures) for name, figures in summary["configs"].items()
+        }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

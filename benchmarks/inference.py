@@ -14,6 +14,7 @@ Writes reports/inference.json and reports/inference.png.
 Usage: python -m benchmarks.inference [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20]
        [--no-rest]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,14 +39,28 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from benchmarks.common import (PAPER_MODEL, REPORTS, RAW_SIDE, GemmPeaks, machine_text, markdown_table,  # noqa: E402
-                               median_seconds, share_text, synthetic_cache, write_report)
+from benchmarks.common import (
+    PAPER_MODEL,
+    REPORTS,
+    RAW_SIDE,
+    GemmPeaks,
+    machine_text,
+    markdown_table,  # noqa: E402
+    median_seconds,
+    share_text,
+    synthetic_cache,
+    write_report,
+)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
 from thermal2visible.dev.servers import model_server  # noqa: E402
-from thermal2visible.inference.export import (cache_to_model_input, export_generator, quantize_int8,  # noqa: E402
-                                              run_torch)
+from thermal2visible.inference.export import (
+    cache_to_model_input,
+    export_generator,
+    quantize_int8,  # noqa: E402
+    run_torch,
+)
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.inference.serving import IMAGE, pyfunc_arguments  # noqa: E402
 from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
@@ -68,17 +83,21 @@ def torch_bf16(generator: torch.nn.Module):
     def predict(batch: np.ndarray) -> np.ndarray:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
             return fast(torch.from_numpy(batch).contiguous(memory_format=torch.channels_last)).float().numpy()
+
     return predict
 
 
-def engine_rounds(engines: dict, images: np.ndarray, batches: list[int], rounds: int, repeats: int,
-                  peaks: GemmPeaks) -> dict:
+def engine_rounds(
+    engines: dict, images: np.ndarray, batches: list[int], rounds: int, repeats: int, peaks: GemmPeaks
+) -> dict:
     """Per batch size: the engines' seconds per image in interleaved rounds, summarised against torch eager."""
     results = {}
     for batch in batches:
         inputs = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])))
-        calls = {name: (lambda predict=predict: median_seconds(lambda: predict(inputs), repeats) / batch)
-                 for name, predict in engines.items()}
+        calls = {
+            name: (lambda predict=predict: median_seconds(lambda: predict(inputs), repeats) / batch)
+            for name, predict in engines.items()
+        }
         records = measure_rounds(calls, rounds, label=f"batch {batch}: ", after_each_round=peaks.measure)
         results[batch] = {"summary": summarize(records, baseline=EAGER), "records": records}
     return results
@@ -105,8 +124,10 @@ def onnxruntime_profile(path: Path, batch: np.ndarray, runs: int = 5, top: int =
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             by_type[event["args"]["op_name"]] += event["dur"]
     total = sum(by_type.values()) or 1
-    return [{"op": op, "ms_per_run": round(micros / runs / 1000, 2), "share": round(micros / total, 3)}
-            for op, micros in by_type.most_common(top)]
+    return [
+        {"op": op, "ms_per_run": round(micros / runs / 1000, 2), "share": round(micros / total, 3)}
+        for op, micros in by_type.most_common(top)
+    ]
 
 
 def request_frame(size: int) -> str:
@@ -125,14 +146,23 @@ def rest_vs_in_process(model_dir: Path, size: int, requests_per_round: int, roun
     model = mlflow.pyfunc.load_model(str(model_dir))
     body = {"dataframe_split": {"columns": [IMAGE], "data": [[frame]]}}
     with model_server(str(model_dir), scratch / "serve") as url, requests.Session() as session:
+
         def post():
             session.post(f"{url}/invocations", json=body, timeout=60).raise_for_status()
-        calls = {IN_PROCESS: lambda: median_seconds(lambda: model.predict(pd.DataFrame({IMAGE: [frame]})),
-                                                     requests_per_round),
-                 REST: lambda: median_seconds(post, requests_per_round)}
+
+        calls = {
+            IN_PROCESS: lambda: median_seconds(
+                lambda: model.predict(pd.DataFrame({IMAGE: [frame]})), requests_per_round
+            ),
+            REST: lambda: median_seconds(post, requests_per_round),
+        }
         records = measure_rounds(calls, rounds, label="1 image per request: ")
-    return {"summary": summarize(records, baseline=IN_PROCESS), "records": records,
-            "frame_side": int(size * RAW_SIDE), "requests_per_round": requests_per_round}
+    return {
+        "summary": summarize(records, baseline=IN_PROCESS),
+        "records": records,
+        "frame_side": int(size * RAW_SIDE),
+        "requests_per_round": requests_per_round,
+    }
 
 
 def plot(engines: dict, serving: dict | None, path: Path, title: str) -> None:
@@ -164,25 +194,33 @@ def main() -> None:
         cache, cfg = synthetic_cache(scratch / "data", args.size, 40)
         images = cache_to_model_input(np.load(cache / "train_thermal.npy"))
         torch.manual_seed(0)
-        save_generator(UNetGenerator(1, 3, args.size, PAPER_MODEL.ngf, PAPER_MODEL.norm, PAPER_MODEL.dropout,
-                                     recompute=False), scratch / "generator.pt", "eval",
-                       preprocess=dataclasses.asdict(cfg))
+        save_generator(
+            UNetGenerator(1, 3, args.size, PAPER_MODEL.ngf, PAPER_MODEL.norm, PAPER_MODEL.dropout, recompute=False),
+            scratch / "generator.pt",
+            "eval",
+            preprocess=dataclasses.asdict(cfg),
+        )
         generator, payload = load_generator(scratch / "generator.pt")
         fp32, int8 = scratch / "generator.onnx", scratch / "generator.int8.onnx"
         export_generator(generator, payload, fp32, opset=18, thermal_dtype=load_manifest(cache)["thermal_dtype"])
         quantize_int8(fp32, int8, images[:16])
         sessions = {"fp32": onnx_session(fp32), "int8": onnx_session(int8)}
-        engines = {EAGER: lambda x: run_torch(generator, x),
-                   "onnxruntime fp32": lambda x: run_onnx(sessions["fp32"], x),
-                   INT8: lambda x: run_onnx(sessions["int8"], x)}
+        engines = {
+            EAGER: lambda x: run_torch(generator, x),
+            "onnxruntime fp32": lambda x: run_onnx(sessions["fp32"], x),
+            INT8: lambda x: run_onnx(sessions["int8"], x),
+        }
         if cpu_has_native_bf16():  # emulated bf16 is ~10x slower than fp32: not worth the benchmark's minutes
             engines[BF16] = torch_bf16(generator)
         flops = generator_flops(generator, images)
         peaks = GemmPeaks(engine_dtype(name) for name in engines)
         results = engine_rounds(engines, images[16:], args.batches, args.rounds, args.repeats, peaks)
         profile = onnxruntime_profile(fp32, images[16:17])
-        print("  where onnxruntime fp32 spends batch 1: "
-              + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]), flush=True)
+        print(
+            "  where onnxruntime fp32 spends batch 1: "
+            + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]),
+            flush=True,
+        )
         serving = None
         if not args.no_rest:
             model_dir = scratch / "pyfunc"
@@ -194,18 +232,36 @@ def main() -> None:
         for name, figures in result["summary"]["configs"].items():
             figures["ms_per_image"] = round(1000 * figures["median_s"], 2)
             figures |= peaks.arithmetic(flops, figures["median_s"], engine_dtype(name))
-            rows.append([name, batch, figures["ms_per_image"], ratio_text(figures), figures["gflops_per_s"],
-                         share_text(figures)])
-    print(markdown_table(["engine", "batch", "ms/image", f"vs {EAGER} (median [min-max])", "GFLOP/s", "share"],
-                         rows))
+            rows.append(
+                [
+                    name,
+                    batch,
+                    figures["ms_per_image"],
+                    ratio_text(figures),
+                    figures["gflops_per_s"],
+                    share_text(figures),
+                ]
+            )
+    print(markdown_table(["engine", "batch", "ms/image", f"vs {EAGER} (median [min-max])", "GFLOP/s", "share"], rows))
     print(f"GEMM peaks: {peaks.text()}; generator forward: {flops / 1e9:.1f} GFLOP per image")
     if serving:
         figures = serving["summary"]["configs"]
-        print(f"pyfunc, 1 image per request: in-process {1000 * figures[IN_PROCESS]['median_s']:.1f} ms, REST "
-              f"{1000 * figures[REST]['median_s']:.1f} ms: REST is {ratio_text(figures[REST])} as fast")
-    write_report("inference", {"size": args.size, "threads": args.threads, "flops_per_image": flops,
-                               "matmul_peak_gflops": peaks.report(), "engines": results,
-                               "onnxruntime_fp32_profile_batch_1": profile, "serving": serving})
+        print(
+            f"pyfunc, 1 image per request: in-process {1000 * figures[IN_PROCESS]['median_s']:.1f} ms, REST "
+            f"{1000 * figures[REST]['median_s']:.1f} ms: REST is {ratio_text(figures[REST])} as fast"
+        )
+    write_report(
+        "inference",
+        {
+            "size": args.size,
+            "threads": args.threads,
+            "flops_per_image": flops,
+            "matmul_peak_gflops": peaks.report(),
+            "engines": results,
+            "onnxruntime_fp32_profile_batch_1": profile,
+            "serving": serving,
+        },
+    )
     plot(results, serving, REPORTS / "inference.png", f"Generator {args.size} px")
     print(f"wrote {REPORTS}/inference.json and .png")
 

@@ -8,6 +8,7 @@ request; throughput is answered requests over the wall time of the test.
 Writes reports/load.json and reports/load.png (latency histogram); exits 1 if any request failed.
 Usage: python -m benchmarks.load [--clients 8] [--requests 200] [--size 64] [--ngf 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,12 @@ from thermal2visible.dev.servers import model_server  # noqa: E402
 def served_model(folder: Path, size: int, ngf: int) -> Path:
     """A pyfunc folder (what `register` logs) around a fresh generator of side `size` and width `ngf`."""
     torch.manual_seed(0)
-    save_generator(UNetGenerator(1, 3, size, ngf, SHIPPED.model.norm, SHIPPED.model.dropout, recompute=False),
-                   folder / "generator.pt", "eval",
-                   preprocess=dataclasses.asdict(dataclasses.replace(SHIPPED.preprocess, image_size=size)))
+    save_generator(
+        UNetGenerator(1, 3, size, ngf, SHIPPED.model.norm, SHIPPED.model.dropout, recompute=False),
+        folder / "generator.pt",
+        "eval",
+        preprocess=dataclasses.asdict(dataclasses.replace(SHIPPED.preprocess, image_size=size)),
+    )
     generator, payload = load_generator(folder / "generator.pt")
     # thermal_dtype: the kind of frame the clients send (16-bit PNGs)
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype="uint16")
@@ -75,13 +79,19 @@ def load(url: str, body: dict, clients: int, count: int) -> dict:
     wall = time.perf_counter() - started
     latencies = [1000 * seconds for seconds, error in results if error is None]
     errors = [error for _, error in results if error is not None]
-    return {"clients": clients, "requests_per_client": count, "requests": len(results), "errors": len(errors),
-            "first_errors": errors[:5], "wall_s": round(wall, 2),
-            "throughput_rps": round(len(latencies) / wall, 2),
-            "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
-            "p99_ms": round(float(np.percentile(latencies, 99)), 1) if latencies else None,
-            "max_ms": round(max(latencies), 1) if latencies else None,
-            "latencies_ms": [round(value, 2) for value in latencies]}
+    return {
+        "clients": clients,
+        "requests_per_client": count,
+        "requests": len(results),
+        "errors": len(errors),
+        "first_errors": errors[:5],
+        "wall_s": round(wall, 2),
+        "throughput_rps": round(len(latencies) / wall, 2),
+        "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+        "p99_ms": round(float(np.percentile(latencies, 99)), 1) if latencies else None,
+        "max_ms": round(max(latencies), 1) if latencies else None,
+        "latencies_ms": [round(value, 2) for value in latencies],
+    }
 
 
 def plot(figures: dict, path: Path) -> None:
@@ -89,9 +99,14 @@ def plot(figures: dict, path: Path) -> None:
     axes.hist(figures["latencies_ms"], bins=50, color="tab:blue")
     for key, color in (("p50_ms", "tab:green"), ("p99_ms", "tab:red")):
         axes.axvline(figures[key], color=color, linestyle="--", label=f"{key[:3]} {figures[key]:.0f} ms")
-    axes.set(xlabel="latency per request (ms)", ylabel="requests", title=(
-        f"{figures['clients']} clients x {figures['requests_per_client']} requests: "
-        f"{figures['throughput_rps']:.1f} requests/s, {figures['errors']} errors"))
+    axes.set(
+        xlabel="latency per request (ms)",
+        ylabel="requests",
+        title=(
+            f"{figures['clients']} clients x {figures['requests_per_client']} requests: "
+            f"{figures['throughput_rps']:.1f} requests/s, {figures['errors']} errors"
+        ),
+    )
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -101,10 +116,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=200, help="requests per client")
-    parser.add_argument("--size", type=int, default=SHIPPED.preprocess.image_size,
-                        help="model side (default: params.yaml preprocess.image_size)")
-    parser.add_argument("--ngf", type=int, default=SHIPPED.model.ngf,
-                        help="generator width (default: params.yaml model.ngf)")
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=SHIPPED.preprocess.image_size,
+        help="model side (default: params.yaml preprocess.image_size)",
+    )
+    parser.add_argument(
+        "--ngf", type=int, default=SHIPPED.model.ngf, help="generator width (default: params.yaml model.ngf)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="t2v-load-") as scratch:
         scratch = Path(scratch)
@@ -117,9 +137,11 @@ def main() -> None:
     if figures["p50_ms"] is not None:  # at least one request answered
         plot(figures, REPORTS / "load.png")
     write_report("load", figures)
-    print(f"{figures['requests']} requests from {args.clients} clients in {figures['wall_s']} s: "
-          f"{figures['throughput_rps']} requests/s, p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
-          f"{figures['errors']} errors; wrote {REPORTS}/load.json and .png")
+    print(
+        f"{figures['requests']} requests from {args.clients} clients in {figures['wall_s']} s: "
+        f"{figures['throughput_rps']} requests/s, p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
+        f"{figures['errors']} errors; wrote {REPORTS}/load.json and .png"
+    )
     for error in figures["first_errors"]:
         print(f"  {error}", file=sys.stderr)
     sys.exit(1 if figures["errors"] else 0)

@@ -8,6 +8,7 @@ Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.
 Prints the figures and writes reports/loader.json and reports/loader.png.
 Usage: python -m benchmarks.loader [--rounds 3]
 """
+
 import argparse
 import dataclasses
 import json
@@ -30,8 +31,7 @@ from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 from thermal2visible.paths import CACHE, INDEX, REPORTS
 
 REPORT = REPORTS / "loader"
-EPOCHS = {"decode every epoch": 1, "cache, preload off": 10, "cache, preloaded": 10,
-          "cache, preloaded, no jitter": 10}
+EPOCHS = {"decode every epoch": 1, "cache, preload off": 10, "cache, preloaded": 10, "cache, preloaded, no jitter": 10}
 
 
 def seconds_per_image(epoch, epochs: int) -> float:
@@ -50,9 +50,10 @@ def decoding_epoch(params, batch_size: int):
     def epoch():
         order = rng.permutation(len(train))
         for start in range(0, len(order) - batch_size + 1, batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             raw = [read_pair(root, train[i], layout, params.ingest.max_pixels) for i in rows]
             yield decoded_batch([(prepare_thermal(t, cfg), prepare_visible(v, t, cfg)) for t, v in raw], scale)
+
     return epoch
 
 
@@ -81,24 +82,41 @@ def main() -> None:
     if not INDEX.is_file():
         raise PipelineError(f"{INDEX}: missing; make the demo data first (dvc repro preprocess)")
     batch_size, manifest = params.train.batch_size, load_manifest(CACHE)
-    loaders = {"decode every epoch": decoding_epoch(params, batch_size),
-               "cache, preload off": cached_epoch(params, batch_size, preload=False),
-               "cache, preloaded": cached_epoch(params, batch_size, preload=True),
-               "cache, preloaded, no jitter": cached_epoch(params, batch_size, preload=True, jitter=False)}
-    records = measure_rounds({name: (lambda epoch=epoch, name=name: seconds_per_image(epoch, EPOCHS[name]))
-                              for name, epoch in loaders.items()}, args.rounds)
+    loaders = {
+        "decode every epoch": decoding_epoch(params, batch_size),
+        "cache, preload off": cached_epoch(params, batch_size, preload=False),
+        "cache, preloaded": cached_epoch(params, batch_size, preload=True),
+        "cache, preloaded, no jitter": cached_epoch(params, batch_size, preload=True, jitter=False),
+    }
+    records = measure_rounds(
+        {
+            name: (lambda epoch=epoch, name=name: seconds_per_image(epoch, EPOCHS[name]))
+            for name, epoch in loaders.items()
+        },
+        args.rounds,
+    )
     summary = summarize(records, baseline="decode every epoch")
     rates = {name: 1 / figures["median_s"] for name, figures in summary["configs"].items()}
-    print(f"{manifest['counts']['train']} training pairs of {manifest['image_size']}px, batch {batch_size}, "
-          f"jitter on; {machine_text()}")
+    print(
+        f"{manifest['counts']['train']} training pairs of {manifest['image_size']}px, batch {batch_size}, "
+        f"jitter on; {machine_text()}"
+    )
     for name, figures in summary["configs"].items():
         print(f"  {name:28s} {rates[name]:10.0f} images/s   {ratio_text(figures)}")
     profile = profile_epochs(loaders["cache, preloaded"], EPOCHS["cache, preloaded"])
-    print("  where the preloaded path's time goes: "
-          + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3]))
-    figures = {"images_per_second": rates, "summary": summary, "records": records,
-               "profile_cache_preloaded": profile, "batch_size": batch_size, "image_size": manifest["image_size"],
-               "train_pairs": manifest["counts"]["train"], "epochs": EPOCHS}
+    print(
+        "  where the preloaded path's time goes: " + ", ".join(f"{row['op']} {row['share']:.0%}" for row in profile[:3])
+    )
+    figures = {
+        "images_per_second": rates,
+        "summary": summary,
+        "records": records,
+        "profile_cache_preloaded": profile,
+        "batch_size": batch_size,
+        "image_size": manifest["image_size"],
+        "train_pairs": manifest["counts"]["train"],
+        "epochs": EPOCHS,
+    }
     write_report("loader", figures)
     figure, axes = plt.subplots(figsize=(8, 3.4))
     plot_speedups(axes, summary, f"Loader, {manifest['image_size']}px, batch {batch_size}, jitter on")

@@ -11,6 +11,7 @@ CPU time of processes outside this benchmark's own process tree. A round with st
 thresholds is flagged and left out of the ratios, as long as enough clean rounds remain (else all rounds count and the
 summary says so).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,8 @@ MIN_CLEAN_ROUNDS = 3
 def _machine_ticks() -> tuple[int, int, int]:
     """(all, busy, steal) clock ticks of every CPU since boot (/proc/stat; guest time is already in user)."""
     user, nice, system, idle, iowait, irq, softirq, steal = (
-        int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+        int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
     total = user + nice + system + idle + iowait + irq + softirq + steal
     return total, total - idle - iowait - steal, steal
 
@@ -67,6 +69,7 @@ class MachineLoad:
     process ever seen in the tree, sampled every SAMPLE_SECONDS, which misses each exited process's last moments.
     A sample reads /proc/*/stat: 1.5 ms here, under 1 % of one core at this rate, the same for every configuration.
     """
+
     SAMPLE_SECONDS = 0.2
 
     def __enter__(self) -> "MachineLoad":
@@ -110,8 +113,13 @@ def rotated(names: list[str], round_index: int) -> list[str]:
     return names[shift:] + names[:shift]
 
 
-def measure_rounds(measurements: dict[str, Callable[[], float]], rounds: int, warmup_rounds: int = 1,
-                   label: str = "", after_each_round: Callable[[], None] = lambda: None) -> list[dict]:
+def measure_rounds(
+    measurements: dict[str, Callable[[], float]],
+    rounds: int,
+    warmup_rounds: int = 1,
+    label: str = "",
+    after_each_round: Callable[[], None] = lambda: None,
+) -> list[dict]:
     """Run every measurement once per round, order rotated each round; each callable returns one figure (seconds,
     lower is better). Warm-up rounds run untimed first; `after_each_round` runs after every timed round (what the
     figures are divided by, measured under the same conditions). Returns one record per timed measurement."""
@@ -123,10 +131,21 @@ def measure_rounds(measurements: dict[str, Callable[[], float]], rounds: int, wa
             if round_index < 0:
                 print(f"  {label}warm-up {name}: {seconds:.4g} s", flush=True)
                 continue
-            records.append({"config": name, "round": round_index, "seconds": seconds, "steal": round(load.steal, 3),
-                            "foreign_load": round(load.foreign, 3), "flagged": load.flagged})
-            flag = "  FLAGGED (steal %.0f%%, foreign load %.0f%%)" % (100 * load.steal, 100 * load.foreign) \
-                if load.flagged else ""
+            records.append(
+                {
+                    "config": name,
+                    "round": round_index,
+                    "seconds": seconds,
+                    "steal": round(load.steal, 3),
+                    "foreign_load": round(load.foreign, 3),
+                    "flagged": load.flagged,
+                }
+            )
+            flag = (
+                "  FLAGGED (steal %.0f%%, foreign load %.0f%%)" % (100 * load.steal, 100 * load.foreign)
+                if load.flagged
+                else ""
+            )
             print(f"  {label}round {round_index + 1}/{rounds} {name}: {seconds:.4g} s{flag}", flush=True)
         if round_index >= 0:
             after_each_round()
@@ -150,14 +169,22 @@ def summarize(records: list[dict], baseline: str) -> dict:
     clean = [r for r, row in by_round.items() if not any(record["flagged"] for record in row.values())]
     all_rounds_counted = len(clean) < min(MIN_CLEAN_ROUNDS, len(by_round))
     counted = sorted(by_round) if all_rounds_counted else clean
-    summary = {"baseline": baseline, "rounds": len(by_round), "rounds_counted": len(counted),
-               "flagged_rounds_counted": all_rounds_counted, "configs": {}}
+    summary = {
+        "baseline": baseline,
+        "rounds": len(by_round),
+        "rounds_counted": len(counted),
+        "flagged_rounds_counted": all_rounds_counted,
+        "configs": {},
+    }
     for name in by_round[counted[0]]:
         ratios = [by_round[r][baseline]["seconds"] / by_round[r][name]["seconds"] for r in counted]
         summary["configs"][name] = {
             "median_s": statistics.median(by_round[r][name]["seconds"] for r in counted),
-            "speedup_median": round(statistics.median(ratios), 3), "speedup_min": round(min(ratios), 3),
-            "speedup_max": round(max(ratios), 3), "verdict": verdict(min(ratios), max(ratios))}
+            "speedup_median": round(statistics.median(ratios), 3),
+            "speedup_min": round(min(ratios), 3),
+            "speedup_max": round(max(ratios), 3),
+            "verdict": verdict(min(ratios), max(ratios)),
+        }
     return summary
 
 
@@ -174,8 +201,10 @@ def plot_speedups(axis, summary: dict, title: str) -> None:
     names = list(summary["configs"])
     figures = [summary["configs"][name] for name in names]
     medians = [f["speedup_median"] for f in figures]
-    spread = [[m - f["speedup_min"] for m, f in zip(medians, figures)],
-              [f["speedup_max"] - m for m, f in zip(medians, figures)]]
+    spread = [
+        [m - f["speedup_min"] for m, f in zip(medians, figures)],
+        [f["speedup_max"] - m for m, f in zip(medians, figures)],
+    ]
     palette = {"baseline": "#4c72b0", "no measurable difference": "#999999", "faster": "#55a868", "slower": "#c44e52"}
     colours = [palette[f["verdict"]] for f in figures]
     bars = axis.barh(names, medians, xerr=spread, color=colours, capsize=3)

@@ -15,6 +15,7 @@ Writes reports/time_to_quality.json and reports/time_to_quality.png.
 Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window 5] [--patience 8] [--max-epochs 60]
        [--set train.lr_scaling=sqrt ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,9 @@ def trained_and_tested(work: Path, name: str, cache: Path, params: Path, overrid
 def seconds_to(child: dict, target: float) -> float:
     """When the smoothed PSNR first reached `target` (rounded to 4 decimals, as psnr.csv holds the curve); inf if it
     never did."""
-    reached = (s for s, value in zip(child["psnr_seconds"], child["psnr_smoothed"])
-               if value is not None and value >= target)
+    reached = (
+        s for s, value in zip(child["psnr_seconds"], child["psnr_smoothed"]) if value is not None and value >= target
+    )
     return next(reached, math.inf)
 
 
@@ -58,11 +60,19 @@ def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
     colours = {PAPER: "#999999", PROJECT: "#55a868"}
     for (name, seed), child in children.items():
         seconds = child["psnr_seconds"]
-        curves.plot(seconds, [math.nan if v is None else v for v in child["psnr_smoothed"]],
-                    color=colours.get(name, "#dd8452"), linewidth=2, linestyle=["-", "--", ":", "-."][seed % 4],
-                    label=f"{name}, seed {seed}: test {child['test_psnr']:.2f} dB")
-    curves.set(xlabel="seconds since the run started", ylabel="smoothed validation PSNR (dB)",
-               title="Smoothed validation PSNR over wall-clock time")
+        curves.plot(
+            seconds,
+            [math.nan if v is None else v for v in child["psnr_smoothed"]],
+            color=colours.get(name, "#dd8452"),
+            linewidth=2,
+            linestyle=["-", "--", ":", "-."][seed % 4],
+            label=f"{name}, seed {seed}: test {child['test_psnr']:.2f} dB",
+        )
+    curves.set(
+        xlabel="seconds since the run started",
+        ylabel="smoothed validation PSNR (dB)",
+        title="Smoothed validation PSNR over wall-clock time",
+    )
     curves.legend(loc="lower right", fontsize=8)
     plot_speedups(ratio, summary, "Time to the pix2pix default's best")
     figure.suptitle(machine_line, fontsize=9)
@@ -77,40 +87,65 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=8)
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="adds a third setup: the project default with these changes (its own levers: "
-                             "train.batch_size, train.lr_scaling, ...)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="adds a third setup: the project default with these changes (its own levers: "
+        "train.batch_size, train.lr_scaling, ...)",
+    )
     args = parser.parse_args()
-    common = [f"early_stop.window={args.window}", f"early_stop.patience={args.patience}",
-              f"train.max_epochs={args.max_epochs}", "train.image_log_every=0"]
+    common = [
+        f"early_stop.window={args.window}",
+        f"early_stop.patience={args.patience}",
+        f"train.max_epochs={args.max_epochs}",
+        "train.image_log_every=0",
+    ]
     setups = {PAPER: [*common, *preset_overrides(PIX2PIX_DEFAULT)], PROJECT: common}
     if args.overrides:
         setups[f"project default, {' '.join(args.overrides)}"] = [*common, *args.overrides]
     children: dict[tuple[str, int], dict] = {}
-    print(f"{machine_text()}; {args.rounds} rounds (seeds), window {args.window}, patience {args.patience}, "
-          f"at most {args.max_epochs} epochs", flush=True)
+    print(
+        f"{machine_text()}; {args.rounds} rounds (seeds), window {args.window}, patience {args.patience}, "
+        f"at most {args.max_epochs} epochs",
+        flush=True,
+    )
     # The parent run is made here, in the project, so the experiment (and its artifact folder) is the project's,
     # not a scratch child's.
     mlflow.set_tracking_uri(absolute_tracking_uri())
     mlflow.set_experiment(load_params(args.params).mlflow.experiment)
-    with tempfile.TemporaryDirectory(prefix="t2v-ttq-") as work, \
-            mlflow.start_run(run_name="time-to-quality") as parent:
-        mlflow.log_params({"window": args.window, "patience": args.patience, "max_epochs": args.max_epochs,
-                           "rounds": args.rounds, "overrides": args.overrides})
+    with tempfile.TemporaryDirectory(prefix="t2v-ttq-") as work, mlflow.start_run(run_name="time-to-quality") as parent:
+        mlflow.log_params(
+            {
+                "window": args.window,
+                "patience": args.patience,
+                "max_epochs": args.max_epochs,
+                "rounds": args.rounds,
+                "overrides": args.overrides,
+            }
+        )
         cache = prepare_cache(Path(work), args.params, [])
 
         def run(name: str):
             def train() -> float:
                 seed = sum(1 for key in children if key[0] == name)
-                child = trained_and_tested(Path(work), f"{name} seed {seed}", cache, args.params,
-                                           [*setups[name], f"train.seed={seed}"])
+                child = trained_and_tested(
+                    Path(work), f"{name} seed {seed}", cache, args.params, [*setups[name], f"train.seed={seed}"]
+                )
                 children[name, seed] = child
                 mlflow.MlflowClient().set_tag(child["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
-                print(f"    {name}, seed {seed}: best smoothed {child['best_psnr_smoothed']:.2f} dB at epoch "
-                      f"{child['best_epoch']} ({child['time_to_best_s']} s), stopped at epoch "
-                      f"{child['stopped_epoch']}, test {child['test_psnr']:.2f} dB, {child['wall_s']} s", flush=True)
+                print(
+                    f"    {name}, seed {seed}: best smoothed {child['best_psnr_smoothed']:.2f} dB at epoch "
+                    f"{child['best_epoch']} ({child['time_to_best_s']} s), stopped at epoch "
+                    f"{child['stopped_epoch']}, test {child['test_psnr']:.2f} dB, {child['wall_s']} s",
+                    flush=True,
+                )
                 return child["wall_s"]
+
             return train
+
         records = measure_rounds({name: run(name) for name in setups}, args.rounds, warmup_rounds=0)
     # The figure compared is the time to the pix2pix default's best in the same round, not the wall time.
     for (name, seed), child in children.items():
@@ -118,21 +153,59 @@ def main() -> None:
         child["seconds_to_target"] = seconds_to(child, child["target_psnr"])
     for record in records:
         child = children[record["config"], record["round"]]
-        record |= {"wall_s": record["seconds"], "target_psnr": child["target_psnr"],
-                   "seconds": child["seconds_to_target"]}
+        record |= {
+            "wall_s": record["seconds"],
+            "target_psnr": child["target_psnr"],
+            "seconds": child["seconds_to_target"],
+        }
     summary = summarize(records, baseline=PAPER)
-    rows = [[name, seed, round(c["best_psnr_smoothed"], 2), c["best_epoch"], c["stopped_epoch"],
-             c["seconds_to_target"], c["wall_s"], c["images_per_s"], round(c["test_psnr"], 2)]
-            for (name, seed), c in sorted(children.items(), key=lambda item: item[0][1])]
-    print(markdown_table(["setup", "seed", "best smoothed PSNR (dB)", "best epoch", "stop epoch",
-                          "s to the default's best", "wall s", "images/s", "test PSNR (dB)"], rows))
+    rows = [
+        [
+            name,
+            seed,
+            round(c["best_psnr_smoothed"], 2),
+            c["best_epoch"],
+            c["stopped_epoch"],
+            c["seconds_to_target"],
+            c["wall_s"],
+            c["images_per_s"],
+            round(c["test_psnr"], 2),
+        ]
+        for (name, seed), c in sorted(children.items(), key=lambda item: item[0][1])
+    ]
+    print(
+        markdown_table(
+            [
+                "setup",
+                "seed",
+                "best smoothed PSNR (dB)",
+                "best epoch",
+                "stop epoch",
+                "s to the default's best",
+                "wall s",
+                "images/s",
+                "test PSNR (dB)",
+            ],
+            rows,
+        )
+    )
     for name in list(setups)[1:]:
-        print(f"{name}: to the pix2pix default's best smoothed PSNR {ratio_text(summary['configs'][name])} sooner "
-              f"({summary['rounds_counted']} rounds); {machine_text()}")
-    write_report("time_to_quality", {"summary": summary, "records": records, "window": args.window,
-                                     "patience": args.patience, "max_epochs": args.max_epochs,
-                                     "setups": setups, "runs": [c | {"setup": n, "seed": s}
-                                                                for (n, s), c in children.items()]})
+        print(
+            f"{name}: to the pix2pix default's best smoothed PSNR {ratio_text(summary['configs'][name])} sooner "
+            f"({summary['rounds_counted']} rounds); {machine_text()}"
+        )
+    write_report(
+        "time_to_quality",
+        {
+            "summary": summary,
+            "records": records,
+            "window": args.window,
+            "patience": args.patience,
+            "max_epochs": args.max_epochs,
+            "setups": setups,
+            "runs": [c | {"setup": n, "seed": s} for (n, s), c in children.items()],
+        },
+    )
     plot(children, summary, REPORTS / "time_to_quality.png", machine_text())
     print(f"wrote {REPORTS}/time_to_quality.json and .png")
 

@@ -18,6 +18,7 @@ Writes reports/train_step.json, reports/train_step.md and reports/train_step.png
 Usage: python -m benchmarks.train_step [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
        [--report train_step]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,11 +39,26 @@ from lightning.pytorch import Callback, seed_everything  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from benchmarks.common import (PAPER_MODEL, PAPER_SIZE, REPORTS, SHIPPED, BatchClock, GemmPeaks, decoded_batch,  # noqa: E402
-                               machine_text, markdown_table, profile_summary, share_text, synthetic_cache, write_report)
+from benchmarks.common import (
+    PAPER_MODEL,
+    PAPER_SIZE,
+    REPORTS,
+    SHIPPED,
+    BatchClock,
+    GemmPeaks,
+    decoded_batch,  # noqa: E402
+    machine_text,
+    markdown_table,
+    profile_summary,
+    share_text,
+    synthetic_cache,
+    write_report,
+)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.config import (ModelConfig, PreprocessConfig,  # noqa: E402
-                                    )
+from thermal2visible.config import (
+    ModelConfig,
+    PreprocessConfig,  # noqa: E402
+)
 from thermal2visible.data.cache import array_file, load_manifest  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402
@@ -56,13 +72,19 @@ from thermal2visible.training.trainer import build_trainer  # noqa: E402
 
 PLAIN = "plain pix2pix step"
 # Changes to the project's default step (params.yaml's train section, preloaded cache).
-CONFIGS = {PLAIN: None, "default": {}, "default + torch.compile": dict(compile=True),
-           "default in fp32": dict(precision="32-true"),
-           "default in fp32 + torch.compile": dict(precision="32-true", compile=True),
-           "default + channels_last": dict(channels_last=True), "default, plain Adam": dict(fused_adam=False),
-           "default, simultaneous update": dict(update_rule="simultaneous"),
-           "no optimizations (fp32, NCHW, plain Adam, decoded input)": dict(
-               precision="32-true", channels_last=False, fused_adam=False, compile=False, cached=False)}
+CONFIGS = {
+    PLAIN: None,
+    "default": {},
+    "default + torch.compile": dict(compile=True),
+    "default in fp32": dict(precision="32-true"),
+    "default in fp32 + torch.compile": dict(precision="32-true", compile=True),
+    "default + channels_last": dict(channels_last=True),
+    "default, plain Adam": dict(fused_adam=False),
+    "default, simultaneous update": dict(update_rule="simultaneous"),
+    "no optimizations (fp32, NCHW, plain Adam, decoded input)": dict(
+        precision="32-true", channels_last=False, fused_adam=False, compile=False, cached=False
+    ),
+}
 
 
 def model_for(size: int) -> ModelConfig:
@@ -83,8 +105,10 @@ def step_dtype(change: dict | None) -> str:
 def memory_batches(cache: Path, size: int, batch: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`count` batches of training pairs as model input (NCHW, [-1, 1], `size` px windows of the cached training
     images), made once: the plain step's input."""
-    thermal, visible = (torch.from_numpy(to_model(np.load(array_file(cache, "train", kind))[:, :size, :size]))
-                        for kind in ("thermal", "visible"))
+    thermal, visible = (
+        torch.from_numpy(to_model(np.load(array_file(cache, "train", kind))[:, :size, :size]))
+        for kind in ("thermal", "visible")
+    )
     picks = [torch.arange(i * batch, (i + 1) * batch) % len(thermal) for i in range(count)]
     return [(thermal[p].contiguous(), visible[p].contiguous()) for p in picks]
 
@@ -97,8 +121,10 @@ class PlainPix2Pix:
         train = SHIPPED.train
         self.generator = UNetGenerator(1, visible_channels, size, model.ngf, model.norm, model.dropout, recompute=False)
         self.discriminator = PatchDiscriminator(1 + visible_channels, model.ndf, model.norm, patch_layers(size))
-        self.opt_g, self.opt_d = (torch.optim.Adam(net.parameters(), train.lr_g, betas=(train.beta1, train.beta2))
-                                  for net in (self.generator, self.discriminator))
+        self.opt_g, self.opt_d = (
+            torch.optim.Adam(net.parameters(), train.lr_g, betas=(train.beta1, train.beta2))
+            for net in (self.generator, self.discriminator)
+        )
         self.lambda_l1 = train.lambda_l1
 
     def step(self, thermal: torch.Tensor, real: torch.Tensor) -> None:
@@ -106,15 +132,18 @@ class PlainPix2Pix:
         self.discriminator.requires_grad_(True)
         self.opt_d.zero_grad()
         logits_real, logits_fake = self.discriminator(thermal, real), self.discriminator(thermal, fake.detach())
-        loss_d = 0.5 * (F.binary_cross_entropy_with_logits(logits_real, torch.ones_like(logits_real))
-                        + F.binary_cross_entropy_with_logits(logits_fake, torch.zeros_like(logits_fake)))
+        loss_d = 0.5 * (
+            F.binary_cross_entropy_with_logits(logits_real, torch.ones_like(logits_real))
+            + F.binary_cross_entropy_with_logits(logits_fake, torch.zeros_like(logits_fake))
+        )
         loss_d.backward()
         self.opt_d.step()
         self.discriminator.requires_grad_(False)
         self.opt_g.zero_grad()
         logits = self.discriminator(thermal, fake)
         loss_g = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits)) + self.lambda_l1 * F.l1_loss(
-            fake, real)
+            fake, real
+        )
         loss_g.backward()
         self.opt_g.step()
 
@@ -126,7 +155,7 @@ def plain_step_seconds(size: int, batches: list, warmup: int) -> float:
     for thermal, visible in batches:
         plain.step(thermal, visible)
         stamps.append(time.perf_counter())
-    return statistics.median(b - a for a, b in zip(stamps[warmup - 1:], stamps[warmup:]))
+    return statistics.median(b - a for a, b in zip(stamps[warmup - 1 :], stamps[warmup:]))
 
 
 def plain_step_flops(size: int, batches: list) -> int:
@@ -168,8 +197,9 @@ def fit(change: dict, batch: int, size: int, data: tuple, batches: int, callback
         loader = dataclasses.replace(SHIPPED.loader, preload=True)
         trainer.fit(module, datamodule=PairedDataModule(cache, batch, loader))
     else:
-        loader = DataLoader(DecodedPairs(cache, cfg), batch_size=batch, shuffle=True, drop_last=True,
-                            collate_fn=jittered_batch)
+        loader = DataLoader(
+            DecodedPairs(cache, cfg), batch_size=batch, shuffle=True, drop_last=True, collate_fn=jittered_batch
+        )
         trainer.fit(module, train_dataloaders=loader)
 
 
@@ -204,8 +234,9 @@ def profiles(batch: int, size: int, data: tuple, batches: list) -> dict:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    figure, axes = plt.subplots(1, len(results), figsize=(7.5 * len(results), 0.5 * len(results[0]["summary"][
-        "configs"]) + 1.8), squeeze=False)
+    figure, axes = plt.subplots(
+        1, len(results), figsize=(7.5 * len(results), 0.5 * len(results[0]["summary"]["configs"]) + 1.8), squeeze=False
+    )
     for axis, result in zip(axes[0], results):
         plot_speedups(axis, result["summary"], f"{result['size']} px (ngf {result['ngf']}), batch {result['batch']}")
     figure.suptitle(f"Pix2Pix training step, {machine_text()}", fontsize=9)
@@ -217,18 +248,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256], help="64: params.yaml's demo size")
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS),
-                        default=[PLAIN, "default", "default + channels_last", "default + torch.compile",
-                                 "default in fp32"])
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=list(CONFIGS),
+        default=[PLAIN, "default", "default + channels_last", "default + torch.compile", "default in fp32"],
+    )
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
-    parser.add_argument("--steps", type=int, default=4,
-                        help="timed steps per configuration per round at 256 px (more at smaller sizes)")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="timed steps per configuration per round at 256 px (more at smaller sizes)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-profile", action="store_true")
-    parser.add_argument("--report", default="train_step",
-                        help="name of the reports/<name>.{json,md,png} files (e.g. train_step_avx2 for a run limited "
-                             "to AVX2, see README 'Performance')")
+    parser.add_argument(
+        "--report",
+        default="train_step",
+        help="name of the reports/<name>.{json,md,png} files (e.g. train_step_avx2 for a run limited "
+        "to AVX2, see README 'Performance')",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     configs = {name: CONFIGS[name] for name in dict.fromkeys([PLAIN, *args.configs])}
@@ -244,40 +282,77 @@ def main() -> None:
             pairs = int(args.batch * (args.warmup + steps + 2) / 0.9) + 4
             data = synthetic_cache(Path(scratch) / str(size), size, pairs)
             batches = memory_batches(data[0], size, args.batch, args.warmup + steps)
-            measurements = {name: (lambda: plain_step_seconds(size, batches, args.warmup)) if change is None else
-                            (lambda change=change: project_step_seconds(change, args.batch, size, data, args.warmup,
-                                                                        steps))
-                            for name, change in configs.items()}
+            measurements = {
+                name: (lambda: plain_step_seconds(size, batches, args.warmup))
+                if change is None
+                else (lambda change=change: project_step_seconds(change, args.batch, size, data, args.warmup, steps))
+                for name, change in configs.items()
+            }
             records = measure_rounds(measurements, args.rounds, label=f"{size} px: ", after_each_round=peaks.measure)
             summary = summarize(records, baseline=PLAIN)
             flops = plain_step_flops(size, batches)
-            results.append({"size": size, "ngf": model_for(size).ngf, "batch": args.batch, "steps": steps,
-                            "flops_per_step": flops, "summary": summary, "records": records,
-                            "profiles": {} if args.no_profile else profiles(args.batch, size, data, batches)})
+            results.append(
+                {
+                    "size": size,
+                    "ngf": model_for(size).ngf,
+                    "batch": args.batch,
+                    "steps": steps,
+                    "flops_per_step": flops,
+                    "summary": summary,
+                    "records": records,
+                    "profiles": {} if args.no_profile else profiles(args.batch, size, data, batches),
+                }
+            )
     for result in results:
         for name, figures in result["summary"]["configs"].items():
             figures["images_per_s"] = round(args.batch / figures["median_s"], 3)
             figures |= peaks.arithmetic(result["flops_per_step"], figures["median_s"], step_dtype(configs[name]))
     print(f"GEMM peak {peaks.text()}")
-    header = ["size", "batch", "configuration", "images/s", "vs plain step (median [min-max])", "GFLOP/s",
-              "share of the GEMM peak"]
-    table = markdown_table(header, [[r["size"], r["batch"], name, f["images_per_s"], ratio_text(f),
-                                     f["gflops_per_s"], share_text(f)]
-                                    for r in results for name, f in r["summary"]["configs"].items()])
+    header = [
+        "size",
+        "batch",
+        "configuration",
+        "images/s",
+        "vs plain step (median [min-max])",
+        "GFLOP/s",
+        "share of the GEMM peak",
+    ]
+    table = markdown_table(
+        header,
+        [
+            [r["size"], r["batch"], name, f["images_per_s"], ratio_text(f), f["gflops_per_s"], share_text(f)]
+            for r in results
+            for name, f in r["summary"]["configs"].items()
+        ],
+    )
     print(table)
-    write_report(args.report, {"results": results, "matmul_peak_gflops": peaks.report(), "threads": args.threads,
-                                "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds})
+    write_report(
+        args.report,
+        {
+            "results": results,
+            "matmul_peak_gflops": peaks.report(),
+            "threads": args.threads,
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "rounds": args.rounds,
+        },
+    )
     profile_text = "".join(
         f"\n### Profile: {r['size']} px batch {r['batch']}, {name} (eager, self CPU time)\n\n"
-        + markdown_table(["op", "calls", "self ms", "share"],
-                         [[p["op"], p["calls"], p["self_ms"], f"{p['share']:.0%}"] for p in rows])
-        for r in results for name, rows in r["profiles"].items())
+        + markdown_table(
+            ["op", "calls", "self ms", "share"],
+            [[p["op"], p["calls"], p["self_ms"], f"{p['share']:.0%}"] for p in rows],
+        )
+        for r in results
+        for name, rows in r["profiles"].items()
+    )
     steps_text = ", ".join(f"{r['steps']} at {r['size']} px" for r in results)
     (REPORTS / f"{args.report}.md").write_text(
         f"# Training step, {machine_text()}\n\nGEMM peak: {peaks.text()} (2048x2048, best clean measurement of "
         f"one per round). {args.rounds} interleaved rounds "
         f"after a warm-up round; timed steps per measurement: {steps_text}; speed-up = plain step time / "
-        f"configuration time in the same round.\n\n{table}{profile_text}")
+        f"configuration time in the same round.\n\n{table}{profile_text}"
+    )
     plot(results, REPORTS / f"{args.report}.png")
     print(f"wrote {REPORTS}/{args.report}.json, .md and .png")
 

@@ -10,6 +10,7 @@ the same with a hot strip (the counts' maximum, 65535 for 16-bit) in the left si
 (0) in the right side's, half a face away; and with both strips filling the sides, touching the face.
 Writes reports/wide_frames.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ def with_strips(thermal: np.ndarray, strip: int) -> np.ndarray:
 LAYOUTS = {
     "face alone": lambda thermal: thermal,
     "3:1, sides repeat the face's edge": widened,
-    "3:1, hot strip left, cold strip right, half a face away": lambda thermal: with_strips(thermal,
-                                                                                           thermal.shape[1] // 2),
+    "3:1, hot strip left, cold strip right, half a face away": lambda thermal: with_strips(
+        thermal, thermal.shape[1] // 2
+    ),
     "3:1, hot and cold filling the sides, touching the face": lambda thermal: with_strips(thermal, thermal.shape[1]),
 }
 
@@ -55,7 +57,7 @@ def face_psnr(generate, cfg, thermal: np.ndarray, visible: np.ndarray, layout) -
     """PSNR of the face's region of the translated `layout(thermal)` against the real visible face."""
     frame = layout(thermal)
     left = (frame.shape[1] - thermal.shape[1]) // 2
-    face = translate_frame(generate, frame, cfg)[:, left:left + thermal.shape[1]]
+    face = translate_frame(generate, frame, cfg)[:, left : left + thermal.shape[1]]
     return float(peak_signal_noise_ratio(unit(visible), face, data_range=1.0))
 
 
@@ -71,13 +73,22 @@ def main() -> None:
         return run_onnx(session, batch)
 
     pairs = list(raw_pairs(args.cache, "test"))
-    psnr = {name: round(float(np.mean([face_psnr(generate, cfg, thermal, visible, layout)
-                                       for thermal, visible in pairs])), 2) for name, layout in LAYOUTS.items()}
+    psnr = {
+        name: round(
+            float(np.mean([face_psnr(generate, cfg, thermal, visible, layout) for thermal, visible in pairs])), 2
+        )
+        for name, layout in LAYOUTS.items()
+    }
     alone = psnr["face alone"]
-    report = {"command": f"python -m benchmarks.wide_frames --onnx {args.onnx} --cache {args.cache}",
-              "machine_text": machine_text(), "image_size": cfg.image_size, "thermal_norm": cfg.thermal_norm,
-              "test_frames": len(pairs), "face_psnr_db": psnr,
-              "vs_face_alone_db": {name: round(value - alone, 2) for name, value in psnr.items()}}
+    report = {
+        "command": f"python -m benchmarks.wide_frames --onnx {args.onnx} --cache {args.cache}",
+        "machine_text": machine_text(),
+        "image_size": cfg.image_size,
+        "thermal_norm": cfg.thermal_norm,
+        "test_frames": len(pairs),
+        "face_psnr_db": psnr,
+        "vs_face_alone_db": {name: round(value - alone, 2) for name, value in psnr.items()},
+    }
     write_report("wide_frames", report)
     print(json.dumps(report, indent=2))
 

@@ -4,6 +4,7 @@
 
 The server is `make serve` (pipelines/serve.py: params.yaml's serve.host and serve.port; it prints the command).
 """
+
 import argparse
 import base64
 import sys

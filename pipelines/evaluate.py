@@ -15,6 +15,7 @@ eval.json says why.
 Writes metrics/eval.json and reports/eval_grid.png (rows thermal | generated | real); the run is tracked in MLflow,
 with the camera registration of preprocess (reports/align.json, reports/align_overlay.png).
 """
+
 import json
 
 import numpy as np
@@ -27,8 +28,14 @@ from thermal2visible.data.cache import array_file, raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.inference.export import run_torch
 from thermal2visible.inference.frames import translate_frame
-from thermal2visible.metrics import (full_frame_psnr, image_scores, rank1_accuracy, score_means, to_unit,
-                                     verification_auc)
+from thermal2visible.metrics import (
+    full_frame_psnr,
+    image_scores,
+    rank1_accuracy,
+    score_means,
+    to_unit,
+    verification_auc,
+)
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
@@ -47,8 +54,9 @@ def mean_training_face(visible_channels: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def evaluate(generator: torch.nn.Module, test_mode: str, data: PairedDataModule) -> tuple[dict, np.ndarray | None,
-                                                                                         dict]:
+def evaluate(
+    generator: torch.nn.Module, test_mode: str, data: PairedDataModule
+) -> tuple[dict, np.ndarray | None, dict]:
     """Scores on the test split, the generator run in `test_mode` (models.generator.as_tested) as validation ran
     it; also the faces to score identity on (`FACES` and their identity labels)."""
     channels = data.visible_channels
@@ -61,18 +69,25 @@ def evaluate(generator: torch.nn.Module, test_mode: str, data: PairedDataModule)
         thermal, real = batch["thermal"], batch["visible"]
         with as_tested(generator, test_mode):
             generated = generator(thermal)
-        predictions = {"generator": generated, "baseline_mean_image": mean_face.expand_as(real),
-                       "baseline_thermal": with_channels(thermal, channels)}
+        predictions = {
+            "generator": generated,
+            "baseline_mean_image": mean_face.expand_as(real),
+            "baseline_thermal": with_channels(thermal, channels),
+        }
         for name, prediction in predictions.items():
             for metric, values in image_scores(to_unit(prediction), to_unit(real)).items():
                 scores[name][metric].update(values)
-        for name, images in zip((*FACES, "identity"), (generated, real, predictions["baseline_thermal"],
-                                                        batch["identity"])):
+        for name, images in zip(
+            (*FACES, "identity"), (generated, real, predictions["baseline_thermal"], batch["identity"])
+        ):
             faces[name].append(images.float() if name != "identity" else images)
         if grid is None:
             grid = comparison_grid(thermal[:GRID_FACES], generated[:GRID_FACES], real[:GRID_FACES])
-    return ({name: {metric: float(value) for metric, value in means.compute().items()}
-             for name, means in scores.items()}, grid, {name: torch.cat(parts) for name, parts in faces.items()})
+    return (
+        {name: {metric: float(value) for metric, value in means.compute().items()} for name, means in scores.items()},
+        grid,
+        {name: torch.cat(parts) for name, parts in faces.items()},
+    )
 
 
 @torch.inference_mode()
@@ -81,20 +96,33 @@ def identity_scores(faces: dict, identities: list[str], split_by: str) -> dict:
     recognizer on `FACES`; a reason instead where the data holds no identities."""
     labelled = faces["identity"] >= 0
     if not identities or not labelled.any():
-        return {"score": None, "why": "no identity labels: the data has no identity folders "
-                                      "(ROOT/thermal/PERSON/name), so no face can be checked for its person"}
+        return {
+            "score": None,
+            "why": "no identity labels: the data has no identity folders "
+            "(ROOT/thermal/PERSON/name), so no face can be checked for its person",
+        }
     recognizer, _ = load_recognizer(RECOGNIZER, identities)
     labels = faces["identity"][labelled]
     shown = {name: faces[name][labelled] for name in FACES}
     if split_by == "identity":
         gallery = recognizer.embed(shown["real_visible"])
         values = {name: verification_auc(recognizer.embed(images), gallery, labels) for name, images in shown.items()}
-        score, why = "verification_auc", ("split_by identity: no test person was seen in training, so same/different "
-                                          "person pairs against the real test faces (ROC AUC, 0.5 = chance)")
+        score, why = (
+            "verification_auc",
+            (
+                "split_by identity: no test person was seen in training, so same/different "
+                "person pairs against the real test faces (ROC AUC, 0.5 = chance)"
+            ),
+        )
     else:
         values = {name: rank1_accuracy(recognizer(images), labels) for name, images in shown.items()}
-        score, why = "rank1_accuracy", (f"split_by {split_by}: test people also appear in training, so the "
-                                        f"recognizer names each test face ({1 / len(identities):.3f} = chance)")
+        score, why = (
+            "rank1_accuracy",
+            (
+                f"split_by {split_by}: test people also appear in training, so the "
+                f"recognizer names each test face ({1 / len(identities):.3f} = chance)"
+            ),
+        )
     return {"score": score, "why": why, "faces": int(labelled.sum()), **values}
 
 
@@ -103,21 +131,25 @@ def main(params: Params) -> None:
     data = PairedDataModule(CACHE, params.train.batch_size, params.loader)
     size, thermal_channels = data.manifest["image_size"], data.thermal_channels
     if (payload["model"]["image_size"], payload["model"]["in_channels"]) != (size, thermal_channels):
-        raise PipelineError(f"{GENERATOR}: made for {payload['model']['image_size']} px, "
-                            f"{payload['model']['in_channels']}-channel thermal; {CACHE} holds {size} px, "
-                            f"{thermal_channels}-channel (re-run train)")
+        raise PipelineError(
+            f"{GENERATOR}: made for {payload['model']['image_size']} px, "
+            f"{payload['model']['in_channels']}-channel thermal; {CACHE} holds {size} px, "
+            f"{thermal_channels}-channel (re-run train)"
+        )
     data.setup("test")
     if data.manifest["counts"]["test"] == 0:
         raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
     results, grid, faces = evaluate(generator, payload["test_mode"], data)
+
     def generate(batch: np.ndarray) -> np.ndarray:
         with as_tested(generator, payload["test_mode"]):
             return run_torch(generator, batch)
 
     # the same frames at full size, in register, through the code that serves them (inference.frames.translate_frame)
     cfg = stored_section("preprocess", payload["preprocess"])
-    results["generator"]["psnr_full_frame"] = full_frame_psnr(lambda thermal: translate_frame(generate, thermal, cfg),
-                                                              raw_pairs(CACHE, "test"))
+    results["generator"]["psnr_full_frame"] = full_frame_psnr(
+        lambda thermal: translate_frame(generate, thermal, cfg), raw_pairs(CACHE, "test")
+    )
     identity = identity_scores(faces, data.identities, data.manifest["preprocess"]["split_by"])
     report = {"test_images": data.manifest["counts"]["test"], **results, "identity": identity}
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)
@@ -125,31 +157,46 @@ def main(params: Params) -> None:
     save_grid(grid, EVAL_GRID)
 
     fingerprint = payload.get("fingerprint")
-    logger = start_run(params, "evaluate", ("mlflow",), dataset_context="evaluation",
-                       tags={"fingerprint": str(fingerprint), "train_run_id": str(training_run_id(fingerprint))})
-    logger.log_metrics({f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
-                        for name, values in results.items() for metric, value in values.items()})
+    logger = start_run(
+        params,
+        "evaluate",
+        ("mlflow",),
+        dataset_context="evaluation",
+        tags={"fingerprint": str(fingerprint), "train_run_id": str(training_run_id(fingerprint))},
+    )
+    logger.log_metrics(
+        {
+            f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
+            for name, values in results.items()
+            for metric, value in values.items()
+        }
+    )
     if identity["score"]:
-        logger.log_metrics({f"identity_{identity['score']}_{name}": identity[name] for name in FACES
-                            if identity[name] is not None})
+        logger.log_metrics(
+            {f"identity_{identity['score']}_{name}": identity[name] for name in FACES if identity[name] is not None}
+        )
     for path in (EVAL_METRICS, EVAL_GRID):
         log_artifact(logger, path)
     for path in (ALIGN_REPORT, ALIGN_OVERLAY):  # absent beside a cache made by hand, outside the preprocess stage
         if path.is_file():
             log_artifact(logger, path)
     logger.finalize("success")
-    ours, mean_face, thermal = (results[name]["psnr"] for name in ("generator", "baseline_mean_image",
-                                                                     "baseline_thermal"))
-    print(f"evaluate: test PSNR {ours:.2f} dB (mean-image baseline {mean_face:.2f}, thermal baseline "
-          f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; identity {identity_summary(identity)}; "
-          f"{EVAL_METRICS}, {EVAL_GRID}")
+    ours, mean_face, thermal = (
+        results[name]["psnr"] for name in ("generator", "baseline_mean_image", "baseline_thermal")
+    )
+    print(
+        f"evaluate: test PSNR {ours:.2f} dB (mean-image baseline {mean_face:.2f}, thermal baseline "
+        f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; identity {identity_summary(identity)}; "
+        f"{EVAL_METRICS}, {EVAL_GRID}"
+    )
 
 
 def identity_summary(identity: dict) -> str:
     if not identity["score"]:
         return "not scored (no identity labels)"
-    return f"{identity['score']} " + ", ".join(f"{name} {identity[name]}" if identity[name] is None
-                                               else f"{name} {identity[name]:.3f}" for name in FACES)
+    return f"{identity['score']} " + ", ".join(
+        f"{name} {identity[name]}" if identity[name] is None else f"{name} {identity[name]:.3f}" for name in FACES
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ output holds only what a rerun reproduces byte for byte (benchmarks/inference.py
 The .onnx is written beside its final path and moved there only after the parity check passed, so a
 failing export never leaves a model behind for `register` to pick up.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,14 @@ import torch
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
-from thermal2visible.inference.export import (cache_to_model_input, check_parity, export_generator, median_latency_ms,
-                                              quantize_int8, run_torch)
+from thermal2visible.inference.export import (
+    cache_to_model_input,
+    check_parity,
+    export_generator,
+    median_latency_ms,
+    quantize_int8,
+    run_torch,
+)
 from thermal2visible.inference.session import onnx_session, run_onnx
 from thermal2visible.metrics import psnr
 from thermal2visible.models.payloads import load_generator
@@ -34,8 +41,10 @@ def load_split(split: str, image_size: int) -> np.ndarray:
         raise PipelineError(f"{path}: no cached {split} images (run the preprocess stage first)")
     images = cache_to_model_input(np.load(path, mmap_mode="r"))
     if images.shape[-1] != image_size:
-        raise PipelineError(f"{path}: images are {images.shape[-1]} px but the generator was trained at "
-                            f"{image_size} px (re-run preprocess and train)")
+        raise PipelineError(
+            f"{path}: images are {images.shape[-1]} px but the generator was trained at "
+            f"{image_size} px (re-run preprocess and train)"
+        )
     return images
 
 
@@ -43,8 +52,10 @@ def trained_thermal_dtype() -> str:
     """The kind of thermal frame the cache holds (uint8, uint16 or a float map), as its manifest says."""
     manifest = load_manifest(CACHE)
     if "thermal_dtype" not in manifest:
-        raise PipelineError(f"{CACHE / MANIFEST}: says nothing of the thermal frames' kind (written before "
-                            "caches recorded it): run the preprocess stage again")
+        raise PipelineError(
+            f"{CACHE / MANIFEST}: says nothing of the thermal frames' kind (written before "
+            "caches recorded it): run the preprocess stage again"
+        )
     return manifest["thermal_dtype"]
 
 
@@ -64,16 +75,27 @@ def main(params: Params) -> None:
     staged.replace(ONNX)
 
     one = test[:1]
-    metrics = {"parity_max_abs_error": error, "parity_images": len(test), "atol": params.export.atol,
-               "parity_passed": True, "opset": params.export.opset, "size_bytes": ONNX.stat().st_size}
-    latencies = {"onnxruntime": median_latency_ms(lambda x: run_onnx(session, x), one),
-                 "torch": median_latency_ms(lambda x: run_torch(generator, x), one)}
+    metrics = {
+        "parity_max_abs_error": error,
+        "parity_images": len(test),
+        "atol": params.export.atol,
+        "parity_passed": True,
+        "opset": params.export.opset,
+        "size_bytes": ONNX.stat().st_size,
+    }
+    latencies = {
+        "onnxruntime": median_latency_ms(lambda x: run_onnx(session, x), one),
+        "torch": median_latency_ms(lambda x: run_torch(generator, x), one),
+    }
     if params.export.int8:
         quantize_int8(ONNX, ONNX_INT8, load_split("train", image_size)[:CALIBRATION_IMAGES])
         int8 = onnx_session(ONNX_INT8)
-        metrics |= {"int8_size_bytes": ONNX_INT8.stat().st_size,
-                    "int8_psnr_vs_fp32": float(psnr(*(from_model(torch.from_numpy(run_onnx(model, test)))
-                                                      for model in (session, int8))).mean())}
+        metrics |= {
+            "int8_size_bytes": ONNX_INT8.stat().st_size,
+            "int8_psnr_vs_fp32": float(
+                psnr(*(from_model(torch.from_numpy(run_onnx(model, test))) for model in (session, int8))).mean()
+            ),
+        }
         latencies["onnxruntime int8"] = median_latency_ms(lambda x: run_onnx(int8, x), one)
     EXPORT_METRICS.parent.mkdir(parents=True, exist_ok=True)
     EXPORT_METRICS.write_text(json.dumps(metrics, indent=2) + "\n")

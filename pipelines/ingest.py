@@ -1,4 +1,5 @@
 """Stage `ingest`: validate the pairs in data.source; write data/ingested/index.json and reports/ingest_errors.json."""
+
 import dataclasses
 import json
 from pathlib import Path
@@ -7,7 +8,6 @@ from thermal2visible.cli import run_stage
 from thermal2visible.config import Params
 from thermal2visible.data.ingest import IngestError, ingest
 from thermal2visible.paths import INDEX, INGEST_ERRORS
-
 
 
 def write_json(path: Path, value) -> None:

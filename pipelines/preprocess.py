@@ -1,5 +1,6 @@
 """Stage `preprocess`: register the cameras, crop, normalise, resize and split the ingested pairs into the cache
 data/cache/; the camera registration is reported in reports/align.json and reports/align_overlay.png."""
+
 import json
 import shutil
 from pathlib import Path
@@ -26,22 +27,33 @@ def alignment_report(manifest: dict) -> dict:
     elif cfg["align"]:
         verdict = "registered already: the estimated rig moves no pixel by more than half a pixel; frames kept"
     else:
-        verdict = ("preprocess.align is off: frames kept as they are; compare `estimated` with identity (scale 1, "
-                   "shift [0, 0]) and the overlay to see whether they need it")
-    return {"verdict": verdict, **align, "residual_px": {"median": sorted(residuals)[len(residuals) // 2],
-                                                         "max": max(residuals)},
-            "pairs": [{key: source[key] for key in ("thermal", "visible", "split", "residual_px")}
-                      for source in manifest["sources"]]}
+        verdict = (
+            "preprocess.align is off: frames kept as they are; compare `estimated` with identity (scale 1, "
+            "shift [0, 0]) and the overlay to see whether they need it"
+        )
+    return {
+        "verdict": verdict,
+        **align,
+        "residual_px": {"median": sorted(residuals)[len(residuals) // 2], "max": max(residuals)},
+        "pairs": [
+            {key: source[key] for key in ("thermal", "visible", "split", "residual_px")}
+            for source in manifest["sources"]
+        ],
+    }
 
 
 def write_alignment_report(manifest: dict) -> None:
     ALIGN_REPORT.parent.mkdir(parents=True, exist_ok=True)
     ALIGN_REPORT.write_text(json.dumps(alignment_report(manifest), indent=1) + "\n")
     training = [source for source in manifest["sources"] if source["split"] == "train"][:OVERLAY_PAIRS]
-    frames = [read_pair(Path(manifest["root"]), source, manifest["layout"], manifest["max_pixels"])
-              for source in training]
-    imsave(ALIGN_OVERLAY, overlay(frames, applied_rig(manifest), stored_section("preprocess", manifest["preprocess"])),
-           check_contrast=False)
+    frames = [
+        read_pair(Path(manifest["root"]), source, manifest["layout"], manifest["max_pixels"]) for source in training
+    ]
+    imsave(
+        ALIGN_OVERLAY,
+        overlay(frames, applied_rig(manifest), stored_section("preprocess", manifest["preprocess"])),
+        check_contrast=False,
+    )
 
 
 def main(params: Params) -> None:
@@ -51,17 +63,20 @@ def main(params: Params) -> None:
     for report in (ALIGN_REPORT, ALIGN_OVERLAY):
         report.unlink(missing_ok=True)
     try:
-        manifest = build_cache(json.loads(INDEX.read_text()), params.preprocess, params.ingest.max_pixels, CACHE,
-                               params.ingest.on_error)
+        manifest = build_cache(
+            json.loads(INDEX.read_text()), params.preprocess, params.ingest.max_pixels, CACHE, params.ingest.on_error
+        )
     except PipelineError:
         shutil.rmtree(CACHE, ignore_errors=True)  # a half-written cache must not pass for a result
         raise
     write_alignment_report(manifest)
     counts = ", ".join(f"{split} {n}" for split, n in manifest["counts"].items())
     rig = manifest["align"]["estimated"]
-    print(f"preprocess: {counts} pairs of {manifest['image_size']}px in {CACHE}; camera rig scale {rig['scale']:.3f}, "
-          f"shift ({rig['shift_px'][0]:.2f}, {rig['shift_px'][1]:.2f}) px, "
-          f"{'applied' if manifest['align']['applied'] else 'not applied'} ({ALIGN_REPORT}, {ALIGN_OVERLAY})")
+    print(
+        f"preprocess: {counts} pairs of {manifest['image_size']}px in {CACHE}; camera rig scale {rig['scale']:.3f}, "
+        f"shift ({rig['shift_px'][0]:.2f}, {rig['shift_px'][1]:.2f}) px, "
+        f"{'applied' if manifest['align']['applied'] else 'not applied'} ({ALIGN_REPORT}, {ALIGN_OVERLAY})"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ otherwise `challenger`. Both scores and what they were taken on go on the versio
 metrics/register.json. The cache manifest is packed with the version: the record of what it trained on.
 Tracking server: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in this folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,6 @@ from thermal2visible.inference.serving import ThermalToVisible
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.tracking.store import data_hash, git_tags, tracking_uri, training_run_id
 from thermal2visible.paths import CACHE, ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS, MANIFEST
-
 
 
 def read_metrics(path: Path, stage: str) -> dict:
@@ -60,9 +60,11 @@ class TestFrames:
                 self.models[model_uri] = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
             except MlflowException:  # e.g. files behind a tracking server, asked for straight from its database
                 # (MLflow's own message names the tracking URI, which may hold a database password: not repeated)
-                raise PipelineError(f"{model_uri}: its files cannot be read through MLFLOW_TRACKING_URI, so the "
-                                    "gate cannot score it on the new test frames; register through the tracking "
-                                    "server that stores them (nothing was moved)") from None
+                raise PipelineError(
+                    f"{model_uri}: its files cannot be read through MLFLOW_TRACKING_URI, so the "
+                    "gate cannot score it on the new test frames; register through the tracking "
+                    "server that stores them (nothing was moved)"
+                ) from None
         return self.models[model_uri]
 
     def trained_on(self, model_uri: str) -> frozenset[str] | None:
@@ -79,8 +81,10 @@ class TestFrames:
         if not pairs:
             return math.nan, 0
         model = self._model(model_uri)
+
         def generate(batch):
             return run_onnx(model.session, batch)
+
         return full_frame_psnr(lambda thermal: translate_frame(generate, thermal, model.preprocess), pairs), len(pairs)
 
 
@@ -93,8 +97,10 @@ def trained_manifest(cache: Path, data_hash_of_model: str | None) -> Path:
     """The cache's manifest, packed with the model as the record of what it trained on, after checking that the
     model was trained on this cache (a cache changed since training would record the wrong frames)."""
     if data_hash_of_model != data_hash(cache):
-        raise PipelineError(f"{ONNX}: trained on data {data_hash_of_model}, but {cache} is now "
-                            f"{data_hash(cache)}: re-run train and export (dvc repro) before registering")
+        raise PipelineError(
+            f"{ONNX}: trained on data {data_hash_of_model}, but {cache} is now "
+            f"{data_hash(cache)}: re-run train and export (dvc repro) before registering"
+        )
     return cache / MANIFEST
 
 
@@ -110,22 +116,41 @@ def main(params: Params) -> None:
     parity_error = exported.get("parity_max_abs_error", float("nan"))
     mlflow.set_tracking_uri(tracking_uri())
     result = register(
-        ONNX, name=params.register.model_name, experiment=params.mlflow.experiment,
-        test_psnr=test_psnr, parity_passed=parity_error <= params.export.atol,
+        ONNX,
+        name=params.register.model_name,
+        experiment=params.mlflow.experiment,
+        test_psnr=test_psnr,
+        parity_passed=parity_error <= params.export.atol,
         metrics={key: float(value) for key, value in exported.items() if type(value) in (int, float)},
-        lineage={"training_run_id": training_run_id(metadata.get("fingerprint")),
-                 "fingerprint": metadata.get("fingerprint"), "data_hash": metadata.get("data_hash"),
-                 "git_commit": git.get("mlflow.source.git.commit"), "git_dirty": git.get("git_dirty")},
-        max_pixels=params.serve.max_pixels, max_model_pixels=params.serve.max_model_pixels,
-        training_manifest=trained_manifest(CACHE, metadata.get("data_hash")), frames=TestFrames(CACHE))
-    summary = {"model_name": result.name, "version": result.version, "alias": result.alias,
-               "test_psnr": test_psnr, "champion_psnr_before": result.champion_psnr_before, "gate": result.gate}
+        lineage={
+            "training_run_id": training_run_id(metadata.get("fingerprint")),
+            "fingerprint": metadata.get("fingerprint"),
+            "data_hash": metadata.get("data_hash"),
+            "git_commit": git.get("mlflow.source.git.commit"),
+            "git_dirty": git.get("git_dirty"),
+        },
+        max_pixels=params.serve.max_pixels,
+        max_model_pixels=params.serve.max_model_pixels,
+        training_manifest=trained_manifest(CACHE, metadata.get("data_hash")),
+        frames=TestFrames(CACHE),
+    )
+    summary = {
+        "model_name": result.name,
+        "version": result.version,
+        "alias": result.alias,
+        "test_psnr": test_psnr,
+        "champion_psnr_before": result.champion_psnr_before,
+        "gate": result.gate,
+    }
     REGISTER_METRICS.parent.mkdir(parents=True, exist_ok=True)
     REGISTER_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
     gate = result.gate
-    compared = (f"full-frame test PSNR {gate['new_psnr']:.2f} dB against champion version {gate['champion_version']}"
-                f"'s {gate['champion_psnr']:.2f} dB on {gate['frames']} frames: {gate['basis']}"
-                if "new_psnr" in gate else gate["basis"])
+    compared = (
+        f"full-frame test PSNR {gate['new_psnr']:.2f} dB against champion version {gate['champion_version']}"
+        f"'s {gate['champion_psnr']:.2f} dB on {gate['frames']} frames: {gate['basis']}"
+        if "new_psnr" in gate
+        else gate["basis"]
+    )
     print(f"registered {result.name} version {result.version} as @{result.alias} ({compared})")
 
 

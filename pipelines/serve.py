@@ -3,6 +3,7 @@
     python pipelines/serve.py [--model models:/thermal2visible@champion]
 
 (`make serve` runs it.) The request limits (serve.max_pixels, serve.max_model_pixels) travel inside the model."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,26 @@ def main() -> None:
     except ConfigError as error:
         sys.exit(f"error: {error}")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=f"models:/{params.register.model_name}@{CHAMPION}",
-                        help="MLflow model URI (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        default=f"models:/{params.register.model_name}@{CHAMPION}",
+        help="MLflow model URI (default: %(default)s)",
+    )
     args = parser.parse_args()
     mlflow = shutil.which("mlflow") or sys.exit("error: no `mlflow` on PATH: activate the project's venv")
-    command = [mlflow, "models", "serve", "-m", args.model, "--env-manager", "local",
-               "-h", params.serve.host, "-p", str(params.serve.port)]
+    command = [
+        mlflow,
+        "models",
+        "serve",
+        "-m",
+        args.model,
+        "--env-manager",
+        "local",
+        "-h",
+        params.serve.host,
+        "-p",
+        str(params.serve.port),
+    ]
     print(" ".join(command), flush=True)
     os.execv(mlflow, command)
 

@@ -21,6 +21,7 @@ commit and never rewrites params.yaml, so a study runs in a working tree that ot
 Usage: python pipelines/study.py --study {batch,lr,speed,quality} [--quick] [--values ...] [--seeds ...]
        [--minutes M] [--preset FILE] [--set k=v ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,12 +53,19 @@ from thermal2visible.training.precision import resolve_accelerator, resolve_prec
 
 DEFAULT_VALUES = {"batch": ([1, 2, 4, 8, 16, 32, 64], [2, 8, 32]), "lr": ([4], [4]), "speed": ([2, 8, 32], [16])}
 LR_RULES = ("none", "sqrt", "linear")
-SPEED_CONFIGS = {"default": (), "input": ("loader.preload=true",), "MP": ("train.precision=16-mixed",),
-                 "both": ("loader.preload=true", "train.precision=16-mixed")}
+SPEED_CONFIGS = {
+    "default": (),
+    "input": ("loader.preload=true",),
+    "MP": ("train.precision=16-mixed",),
+    "both": ("loader.preload=true", "train.precision=16-mixed"),
+}
 SPEED_EPOCHS = ("train.max_epochs=3", "train.min_epochs=3", "early_stop.window=1", "early_stop.patience=100")
 # pix2pixHD's own settings: two discriminator scales (its num_D), feature matching at lambda_feat 10
-QUALITY_CHANGES = {"multi-scale D": ("model.discriminator_scales=2",), "feature matching": ("train.lambda_feat=10",),
-                   "ResNet generator": ("model.generator=resnet",)}
+QUALITY_CHANGES = {
+    "multi-scale D": ("model.discriminator_scales=2",),
+    "feature matching": ("train.lambda_feat=10",),
+    "ResNet generator": ("model.generator=resnet",),
+}
 GRID_FACES = 8
 
 
@@ -72,10 +80,31 @@ def dB(value: float | None) -> str:
 
 def batch_study(run, values: list[int]) -> tuple[str, plt.Figure]:
     children = [run(f"batch {b}", [f"train.batch_size={b}"]) for b in values]
-    table = markdown(["batch", "stop epoch", "best epoch", "best smoothed PSNR (dB)", "PSNR at best (dB)",
-                      "time to best (s)", "wall (s)", "images/s"],
-                     [[b, c["stopped_epoch"], c["best_epoch"], dB(c["best_psnr_smoothed"]), dB(c["best_psnr"]),
-                       c["time_to_best_s"], c["wall_s"], c["images_per_s"]] for b, c in zip(values, children)])
+    table = markdown(
+        [
+            "batch",
+            "stop epoch",
+            "best epoch",
+            "best smoothed PSNR (dB)",
+            "PSNR at best (dB)",
+            "time to best (s)",
+            "wall (s)",
+            "images/s",
+        ],
+        [
+            [
+                b,
+                c["stopped_epoch"],
+                c["best_epoch"],
+                dB(c["best_psnr_smoothed"]),
+                dB(c["best_psnr"]),
+                c["time_to_best_s"],
+                c["wall_s"],
+                c["images_per_s"],
+            ]
+            for b, c in zip(values, children)
+        ],
+    )
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     labels = [str(b) for b in values]
     left.bar(labels, [c["best_psnr_smoothed"] or 0 for c in children], color="#4c72b0")
@@ -90,14 +119,22 @@ def batch_study(run, values: list[int]) -> tuple[str, plt.Figure]:
 def lr_study(run, values: list[int]) -> tuple[str, plt.Figure]:
     batch = values[0]
     children = [run(f"lr {rule}", [f"train.batch_size={batch}", f"train.lr_scaling={rule}"]) for rule in LR_RULES]
-    table = markdown(["lr scaling", "batch", "stop epoch", "best epoch", "best smoothed PSNR (dB)", "time to best (s)"],
-                     [[rule, batch, c["stopped_epoch"], c["best_epoch"], dB(c["best_psnr_smoothed"]),
-                       c["time_to_best_s"]] for rule, c in zip(LR_RULES, children)])
+    table = markdown(
+        ["lr scaling", "batch", "stop epoch", "best epoch", "best smoothed PSNR (dB)", "time to best (s)"],
+        [
+            [rule, batch, c["stopped_epoch"], c["best_epoch"], dB(c["best_psnr_smoothed"]), c["time_to_best_s"]]
+            for rule, c in zip(LR_RULES, children)
+        ],
+    )
     figure, axes = plt.subplots(figsize=(7, 4))
     for rule, child in zip(LR_RULES, children):
         epochs = range(1, len(child["psnr"]) + 1)
-        line, = axes.plot(epochs, [float("nan") if v is None else v for v in child["psnr_smoothed"]], linewidth=2,
-                          label=f"{rule} (best {dB(child['best_psnr_smoothed'])} dB)")
+        (line,) = axes.plot(
+            epochs,
+            [float("nan") if v is None else v for v in child["psnr_smoothed"]],
+            linewidth=2,
+            label=f"{rule} (best {dB(child['best_psnr_smoothed'])} dB)",
+        )
         axes.plot(epochs, child["psnr"], color=line.get_color(), alpha=0.3, linewidth=1)
     axes.set(xlabel="epoch", ylabel="validation PSNR (dB)", title=f"Learning-rate scaling at batch {batch} (Fig. 7)")
     axes.legend()
@@ -110,37 +147,55 @@ def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, plt.Fi
         for batch in values:
             for config, changes in SPEED_CONFIGS.items():
                 shape = [f"train.batch_size={batch}", f"train.devices={count}"]
-                child = run(f"speed {config} b{batch} w{count}",
-                            [*SPEED_EPOCHS, *preset_overrides(PIX2PIX_DEFAULT), *changes, *shape])
+                child = run(
+                    f"speed {config} b{batch} w{count}",
+                    [*SPEED_EPOCHS, *preset_overrides(PIX2PIX_DEFAULT), *changes, *shape],
+                )
                 rate[(count, batch, config)] = child["images_per_s"]
-    rows = [{"workers": count, "batch": batch, "config": config, "images_per_s": value,
-             "improvement": round(value / rate[(count, batch, "default")], 2)}
-            for (count, batch, config), value in rate.items()]
-    table = markdown(["workers", "batch", "configuration", "images/s", "improvement factor (Fig. 10)"],
-                     [[r["workers"], r["batch"], r["config"], r["images_per_s"], f"x{r['improvement']:.2f}"]
-                      for r in rows])
+    rows = [
+        {
+            "workers": count,
+            "batch": batch,
+            "config": config,
+            "images_per_s": value,
+            "improvement": round(value / rate[(count, batch, "default")], 2),
+        }
+        for (count, batch, config), value in rate.items()
+    ]
+    table = markdown(
+        ["workers", "batch", "configuration", "images/s", "improvement factor (Fig. 10)"],
+        [[r["workers"], r["batch"], r["config"], r["images_per_s"], f"x{r['improvement']:.2f}"] for r in rows],
+    )
     if len(workers) > 1:
-        table += "\n" + markdown(["batch", f"speed-up of 'both', {workers[-1]} vs {workers[0]} workers (Fig. 13)"],
-                                 [[b, f"x{rate[(workers[-1], b, 'both')] / rate[(workers[0], b, 'both')]:.2f}"]
-                                  for b in values])
+        table += "\n" + markdown(
+            ["batch", f"speed-up of 'both', {workers[-1]} vs {workers[0]} workers (Fig. 13)"],
+            [[b, f"x{rate[(workers[-1], b, 'both')] / rate[(workers[0], b, 'both')]:.2f}"] for b in values],
+        )
     headline = rate[(workers[-1], values[-1], "both")] / rate[(workers[0], values[0], "default")]
-    table += (f"\nDefault at batch {values[0]} on {workers[0]} worker(s) -> both optimizations at batch {values[-1]} "
-              f"on {workers[-1]} worker(s): x{headline:.2f} images/s (the paper's 7.08x on 2 GPUs).\n"
-              f"MP is train.precision 16-mixed, which ran as {resolve_precision('auto', resolve_accelerator('auto'))} "
-              "here (on a CPU: bf16 only where it has bf16 instructions).\n")
+    table += (
+        f"\nDefault at batch {values[0]} on {workers[0]} worker(s) -> both optimizations at batch {values[-1]} "
+        f"on {workers[-1]} worker(s): x{headline:.2f} images/s (the paper's 7.08x on 2 GPUs).\n"
+        f"MP is train.precision 16-mixed, which ran as {resolve_precision('auto', resolve_accelerator('auto'))} "
+        "here (on a CPU: bf16 only where it has bf16 instructions).\n"
+    )
     figure, axes = plt.subplots(1, len(workers), figsize=(5 * len(workers), 3.6), squeeze=False)
     for axis, count in zip(axes[0], workers):
         for i, config in enumerate(SPEED_CONFIGS):
-            axis.bar([j + i * 0.2 for j in range(len(values))],
-                     [rate[(count, b, config)] / rate[(count, b, "default")] for b in values], 0.2, label=config)
+            axis.bar(
+                [j + i * 0.2 for j in range(len(values))],
+                [rate[(count, b, config)] / rate[(count, b, "default")] for b in values],
+                0.2,
+                label=config,
+            )
         axis.set_xticks([j + 0.3 for j in range(len(values))], [str(b) for b in values])
         axis.set(xlabel="batch size", ylabel="improvement factor", title=f"{count} worker(s) (Fig. 10)")
         axis.legend()
     return table, {"speed": figure}
 
 
-def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path,
-                  loader: LoaderConfig) -> tuple[str, dict]:
+def quality_study(
+    run, seeds: list[int], minutes: float, cache: Path, work: Path, loader: LoaderConfig
+) -> tuple[str, dict]:
     """Every configuration trained for `minutes` of wall clock per seed, seeds in turn, the order of the
     configurations rotated from seed to seed (so none always runs on a fresher machine); then the best combination:
     the changes that beat the default's mean test PSNR, or the two best changes when fewer than two did."""
@@ -148,7 +203,7 @@ def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path
     configs = {"default": (), **QUALITY_CHANGES}
     results: dict[str, list[dict]] = {name: [] for name in configs}
     for turn, seed in enumerate(seeds):
-        names = list(configs)[turn % len(configs):] + list(configs)[:turn % len(configs)]
+        names = list(configs)[turn % len(configs) :] + list(configs)[: turn % len(configs)]
         for name in names:
             results[name].append(run(f"{name} seed {seed}", [*budget, *configs[name], f"train.seed={seed}"]))
     psnr = {name: [child["eval"]["generator"]["psnr"] for child in children] for name, children in results.items()}
@@ -156,8 +211,10 @@ def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path
     winners = [name for name in ranked if statistics.mean(psnr[name]) > statistics.mean(psnr["default"])]
     combined = winners if len(winners) >= 2 else ranked[:2]
     configs["best combination"] = tuple(change for name in combined for change in QUALITY_CHANGES[name])
-    results["best combination"] = [run(f"best combination seed {seed}", [*budget, *configs["best combination"],
-                                                                        f"train.seed={seed}"]) for seed in seeds]
+    results["best combination"] = [
+        run(f"best combination seed {seed}", [*budget, *configs["best combination"], f"train.seed={seed}"])
+        for seed in seeds
+    ]
     psnr["best combination"] = [child["eval"]["generator"]["psnr"] for child in results["best combination"]]
 
     def verdict(name: str) -> str:
@@ -172,26 +229,51 @@ def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path
     def mean(name: str, score) -> str:
         values = [score(child) for child in results[name]]
         return "-" if None in values else f"{statistics.mean(values):.3f}"
-    table = markdown(["configuration", "changes", "test PSNR per seed (dB)", "mean PSNR (dB)", "mean SSIM",
-                      "identity (mean)", "epochs in the budget", "images/s", "vs default (PSNR)"],
-                     [[name, " ".join(configs[name]) or "params.yaml", " / ".join(dB(v) for v in psnr[name]),
-                       dB(statistics.mean(psnr[name])), mean(name, lambda c: c["eval"]["generator"]["ssim"]),
-                       mean(name, lambda c: c["eval"]["identity"].get("generator")),
-                       " / ".join(str(c["stopped_epoch"]) for c in results[name]),
-                       f"{statistics.median(c['images_per_s'] for c in results[name]):.1f}", verdict(name)]
-                      for name in configs])
+
+    table = markdown(
+        [
+            "configuration",
+            "changes",
+            "test PSNR per seed (dB)",
+            "mean PSNR (dB)",
+            "mean SSIM",
+            "identity (mean)",
+            "epochs in the budget",
+            "images/s",
+            "vs default (PSNR)",
+        ],
+        [
+            [
+                name,
+                " ".join(configs[name]) or "params.yaml",
+                " / ".join(dB(v) for v in psnr[name]),
+                dB(statistics.mean(psnr[name])),
+                mean(name, lambda c: c["eval"]["generator"]["ssim"]),
+                mean(name, lambda c: c["eval"]["identity"].get("generator")),
+                " / ".join(str(c["stopped_epoch"]) for c in results[name]),
+                f"{statistics.median(c['images_per_s'] for c in results[name]):.1f}",
+                verdict(name),
+            ]
+            for name in configs
+        ],
+    )
     identity = results["default"][0]["eval"]["identity"]
-    table += (f"\nSeeds {', '.join(map(str, seeds))}; {minutes} min of training per run (loading, steps and "
-              "validation; early stopping may end a run sooner); best combination = "
-              f"{' + '.join(combined)}. Identity: {identity.get('score') or 'none'} ({identity['why']}).\n")
+    table += (
+        f"\nSeeds {', '.join(map(str, seeds))}; {minutes} min of training per run (loading, steps and "
+        "validation; early stopping may end a run sooner); best combination = "
+        f"{' + '.join(combined)}. Identity: {identity.get('score') or 'none'} ({identity['why']}).\n"
+    )
     bars, axis = plt.subplots(figsize=(8, 3.8))
     for x, name in enumerate(configs):
         axis.bar(x, statistics.mean(psnr[name]), color="#4c72b0" if name == "default" else "#8da0cb")
         axis.plot([x] * len(psnr[name]), psnr[name], "o", color="black", markersize=4)
     axis.set_xticks(range(len(configs)), [name.replace(" ", "\n", 1) for name in configs])
     low = min(min(values) for values in psnr.values())
-    axis.set(ylim=(low - 1, None), ylabel="test PSNR (dB): mean bar, seeds dots",
-             title=f"Quality at equal training time ({minutes} min per run)")
+    axis.set(
+        ylim=(low - 1, None),
+        ylabel="test PSNR (dB): mean bar, seeds dots",
+        title=f"Quality at equal training time ({minutes} min per run)",
+    )
     return table, {"quality": bars, "quality_grid": faces_grid(results, cache, work, loader)}
 
 
@@ -232,14 +314,19 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", type=Path, default=STUDY_REPORTS)
     args = parser.parse_args()
-    overrides = [*(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()),
-                 *(override for preset in args.presets for override in preset_overrides(preset)), *args.overrides]
+    overrides = [
+        *(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()),
+        *(override for preset in args.presets for override in preset_overrides(preset)),
+        *args.overrides,
+    ]
     values = args.values or DEFAULT_VALUES[args.study][args.quick] if args.study != "quality" else args.seeds
     params = load_params(args.params, overrides)  # a bad override fails here, before any child starts
     mlflow.set_tracking_uri(absolute_tracking_uri())
     mlflow.set_experiment(params.mlflow.experiment)
-    with tempfile.TemporaryDirectory(prefix=f"t2v-study-{args.study}-") as work, \
-            mlflow.start_run(run_name=f"study-{args.study}") as parent:
+    with (
+        tempfile.TemporaryDirectory(prefix=f"t2v-study-{args.study}-") as work,
+        mlflow.start_run(run_name=f"study-{args.study}") as parent,
+    ):
         mlflow.log_params({"study": args.study, "values": values, "quick": args.quick, "overrides": overrides})
         cache = prepare_cache(Path(work), args.params, overrides)
         client = MlflowClient()
@@ -253,13 +340,20 @@ def main() -> None:
             client.set_tag(child["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
             client.set_tag(child["mlflow_run_id"], "mlflow.runName", f"{args.study}: {name}")
             metric = name.replace(" ", "_")
-            mlflow.log_metrics({f"{metric}.images_per_s": child["images_per_s"]}
-                               | ({f"{metric}.best_psnr_smoothed": child["best_psnr_smoothed"]}
-                                  if child["best_psnr_smoothed"] is not None else {}))
-            print(f"  best smoothed PSNR {dB(child['best_psnr_smoothed'])} dB at epoch {child['best_epoch']}, "
-                  f"stopped at {child['stopped_epoch']}, {child['images_per_s']} images/s, {child['wall_s']} s"
-                  + (f"; test PSNR {dB(child['eval']['generator']['psnr'])} dB" if "eval" in child else ""),
-                  flush=True)
+            mlflow.log_metrics(
+                {f"{metric}.images_per_s": child["images_per_s"]}
+                | (
+                    {f"{metric}.best_psnr_smoothed": child["best_psnr_smoothed"]}
+                    if child["best_psnr_smoothed"] is not None
+                    else {}
+                )
+            )
+            print(
+                f"  best smoothed PSNR {dB(child['best_psnr_smoothed'])} dB at epoch {child['best_epoch']}, "
+                f"stopped at {child['stopped_epoch']}, {child['images_per_s']} images/s, {child['wall_s']} s"
+                + (f"; test PSNR {dB(child['eval']['generator']['psnr'])} dB" if "eval" in child else ""),
+                flush=True,
+            )
             children.append(child)
             return child
 
@@ -273,8 +367,10 @@ def main() -> None:
             table, figures = quality_study(run, args.seeds, args.minutes, cache, Path(work), params.loader)
         args.out.mkdir(parents=True, exist_ok=True)
         report = args.out / f"{args.study}.md"
-        report.write_text(f"# Study: {args.study}\n\nOverrides: `{' '.join(overrides) or 'none'}`; MLflow parent run "
-                          f"`{parent.info.run_id}`.\n\n{table}")
+        report.write_text(
+            f"# Study: {args.study}\n\nOverrides: `{' '.join(overrides) or 'none'}`; MLflow parent run "
+            f"`{parent.info.run_id}`.\n\n{table}"
+        )
         pictures = [args.out / f"{stem}.png" for stem in figures]
         for figure, path in zip(figures.values(), pictures):
             figure.tight_layout()

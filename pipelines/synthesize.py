@@ -1,11 +1,11 @@
 """Stage `synthesize`: write the built-in paired face dataset to data/raw (folder-pairs layout)."""
+
 import shutil
 
 from thermal2visible.cli import run_stage
 from thermal2visible.config import Params
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.paths import RAW
-
 
 
 def main(params: Params) -> None:

@@ -8,6 +8,7 @@ checkpoints/ (last.ckpt + best_generator.pt), which is no DVC output: it never t
 a teammate's `dvc pull` leaves nothing to retrain. models/generator.pt is written only when training ends normally.
 Under DDP (train.devices x train.num_nodes > 1) every process runs this script; only rank 0 writes files or logs.
 """
+
 import csv
 import hashlib
 import json
@@ -32,8 +33,17 @@ from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 from thermal2visible.training.resume import checkpointing, find_resume, last_checkpoint, run_fingerprint
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
-from thermal2visible.paths import (BEST_GENERATOR, CACHE, CHECKPOINTS, GENERATOR, MANIFEST, PSNR_CSV, PSNR_CURVE,
-                                   RECOGNIZER, TRAIN_METRICS)
+from thermal2visible.paths import (
+    BEST_GENERATOR,
+    CACHE,
+    CHECKPOINTS,
+    GENERATOR,
+    MANIFEST,
+    PSNR_CSV,
+    PSNR_CURVE,
+    RECOGNIZER,
+    TRAIN_METRICS,
+)
 
 LOGGED_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")
 
@@ -71,9 +81,11 @@ def weights_digest(network) -> str:
 
 def stop_like_sigterm_on_ctrl_c() -> None:
     """The first Ctrl-C stops as SIGTERM does (after the current batch, last.ckpt whole); a second one at once."""
+
     def to_sigterm(signum, frame):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.kill(os.getpid(), signal.SIGTERM)
+
     signal.signal(signal.SIGINT, to_sigterm)
 
 
@@ -90,19 +102,40 @@ def main(params: Params) -> None:
     resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST_GENERATOR])
 
     accelerator = resolve_accelerator(t.accelerator)
-    logger = start_run(params, "train", LOGGED_SECTIONS, run_id=run_id, logger_class=CheckpointedMLFlowLogger,
-                       dataset_context="training", tags={"fingerprint": fingerprint, "device": accelerator,
-                             "precision": resolve_precision(t.precision, accelerator),
-                             "world_size": str(world_size(t))})
+    logger = start_run(
+        params,
+        "train",
+        LOGGED_SECTIONS,
+        run_id=run_id,
+        logger_class=CheckpointedMLFlowLogger,
+        dataset_context="training",
+        tags={
+            "fingerprint": fingerprint,
+            "device": accelerator,
+            "precision": resolve_precision(t.precision, accelerator),
+            "world_size": str(world_size(t)),
+        },
+    )
     manifest = data.manifest
     module = Pix2Pix(params.model, t, manifest["image_size"], data.thermal_channels, data.visible_channels, recognizer)
     # The preprocess settings the generator is stamped with are the cache's (what its images went through), which
     # refuse_unworkable has checked params.yaml agrees with.
-    stop = PsnrEarlyStopping(params.early_stop.window, params.early_stop.patience, best_path=BEST_GENERATOR, metadata={
-        "preprocess": manifest["preprocess"], "fingerprint": fingerprint, "data_hash": cache_hash})
-    trainer = build_trainer(t, logger=logger, callbacks=[
-        stop, ImageGridLogger(t.image_log_every), MetricsInCheckpoint(logger),
-        *checkpointing(CHECKPOINTS, fingerprint, logger.run_id)])
+    stop = PsnrEarlyStopping(
+        params.early_stop.window,
+        params.early_stop.patience,
+        best_path=BEST_GENERATOR,
+        metadata={"preprocess": manifest["preprocess"], "fingerprint": fingerprint, "data_hash": cache_hash},
+    )
+    trainer = build_trainer(
+        t,
+        logger=logger,
+        callbacks=[
+            stop,
+            ImageGridLogger(t.image_log_every),
+            MetricsInCheckpoint(logger),
+            *checkpointing(CHECKPOINTS, fingerprint, logger.run_id),
+        ],
+    )
 
     started = time.perf_counter()
     stop_like_sigterm_on_ctrl_c()
@@ -111,12 +144,19 @@ def main(params: Params) -> None:
     except SIGTERMException:
         # Lightning stops after the current batch; the epoch it was in is redone (its loader cannot resume mid-way)
         done = len(stop.history)
-        raise PipelineError(f"stopped by SIGTERM or Ctrl-C after epoch {done}; " + (
-            f"{last_checkpoint(CHECKPOINTS)} holds epochs 1-{done}: run again to continue" if done else
-            "no epoch had finished, so the next run starts afresh")) from None
+        raise PipelineError(
+            f"stopped by SIGTERM or Ctrl-C after epoch {done}; "
+            + (
+                f"{last_checkpoint(CHECKPOINTS)} holds epochs 1-{done}: run again to continue"
+                if done
+                else "no epoch had finished, so the next run starts afresh"
+            )
+        ) from None
     if trainer.world_size > 1:  # the processes agree, or DDP lost them
-        print(f"train: rank {trainer.global_rank} of {trainer.world_size} stopped at epoch {len(stop.history)}; "
-              f"generator weights {weights_digest(module.generator)}")
+        print(
+            f"train: rank {trainer.global_rank} of {trainer.world_size} stopped at epoch {len(stop.history)}; "
+            f"generator weights {weights_digest(module.generator)}"
+        )
     if not trainer.is_global_zero:
         return
     seconds = time.perf_counter() - started
@@ -125,16 +165,19 @@ def main(params: Params) -> None:
         raise PipelineError(
             f"no model to keep: train.max_minutes ({t.max_minutes}) ran out after {len(stop.history)} epoch(s), before "
             f"the {stop.window}-epoch moving average of validation PSNR (early_stop.window) existed; raise "
-            "train.max_minutes or lower early_stop.window")
+            "train.max_minutes or lower early_stop.window"
+        )
     summary = write_outputs(stop, fingerprint)
     # a tag, not a metric: every metric of the run is a per-epoch curve (the Trainer has finalized the logger anyway)
     logger.experiment.set_tag(logger.run_id, "train_seconds", f"{seconds:.1f}")
     for path in (GENERATOR, PSNR_CURVE, PSNR_CSV):
         log_artifact(logger, path)
-    print(f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "
-          f"(raw {summary['best_psnr']:.2f} dB); stopped at epoch {summary['stopped_epoch']} of at most "
-          f"{t.max_epochs}; {seconds:.0f} s; {GENERATOR} written"
-          + (f" (continued from {resume_from})" if resume_from else ""))
+    print(
+        f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "
+        f"(raw {summary['best_psnr']:.2f} dB); stopped at epoch {summary['stopped_epoch']} of at most "
+        f"{t.max_epochs}; {seconds:.0f} s; {GENERATOR} written"
+        + (f" (continued from {resume_from})" if resume_from else "")
+    )
 
 
 if __name__ == "__main__":

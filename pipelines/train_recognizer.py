@@ -4,6 +4,7 @@ Pix2Pix uses it, frozen, for the face-identity loss (train.lambda_id > 0). Write
 metrics/recognizer.json (validation accuracy). Data without identities gets a recognizer of no identities (and
 a notice): the pipeline still runs, and training refuses train.lambda_id > 0 with a clear error.
 """
+
 import json
 
 import torch
@@ -19,7 +20,6 @@ from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.tracking.store import log_artifact, start_run
 from thermal2visible.training.precision import resolve_accelerator
 from thermal2visible.paths import CACHE, RECOGNIZER, RECOGNIZER_METRICS
-
 
 
 class RecognizerTask(LightningModule):
@@ -60,21 +60,35 @@ def main(params: Params) -> None:
         return
     seed_everything(cfg.seed, workers=True, verbose=False)
     model = IdentityRecognizer(data.visible_channels, len(identities), cfg.width)
-    logger = start_run(params, "train_recognizer", ("preprocess", "loader", "recognizer"),
-                       dataset_context="training")
+    logger = start_run(params, "train_recognizer", ("preprocess", "loader", "recognizer"), dataset_context="training")
     task = RecognizerTask(model, len(identities), cfg.lr)
     # Validation faces are new photos of the training people only when the split is random;
     # split_by identity holds whole people out, whom a classifier of the training people cannot name.
     validate = params.preprocess.split_by == "random" and data.manifest["counts"]["val"] > 0
-    trainer = Trainer(max_epochs=cfg.epochs, accelerator=resolve_accelerator(params.train.accelerator), devices=1,
-                      logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
-                      limit_val_batches=1.0 if validate else 0)
+    trainer = Trainer(
+        max_epochs=cfg.epochs,
+        accelerator=resolve_accelerator(params.train.accelerator),
+        devices=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        limit_val_batches=1.0 if validate else 0,
+    )
     trainer.fit(task, datamodule=data)
-    metrics = {name: float(value) for name, value in trainer.callback_metrics.items()
-               if name in ("train_accuracy", "val_accuracy")}
-    metrics = {"identities": len(identities), "val_accuracy": metrics.get("val_accuracy"),
-               "train_accuracy": metrics.get("train_accuracy"), "epochs": cfg.epochs}
+    metrics = {
+        name: float(value)
+        for name, value in trainer.callback_metrics.items()
+        if name in ("train_accuracy", "val_accuracy")
+    }
+    metrics = {
+        "identities": len(identities),
+        "val_accuracy": metrics.get("val_accuracy"),
+        "train_accuracy": metrics.get("train_accuracy"),
+        "epochs": cfg.epochs,
+    }
     write(identities, model, metrics)
     log_artifact(logger, RECOGNIZER)
     accuracy = "n/a (split_by identity)" if metrics["val_accuracy"] is None else f"{metrics['val_accuracy']:.3f}"

@@ -11,6 +11,7 @@ with it. A bad image is reported by name and skipped; the command then exits 1. 
 length), into a video of the same frame count, size and frame rate (H.264); a frame that cannot be decoded
 stops the run naming the frame, and no output file is left behind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ def load_model(model: str, max_pixels: int, max_model_pixels: int, scratch: Path
             mlflow.pyfunc.save_model(scratch / "pyfunc", **arguments)
         model = str(scratch / "pyfunc")
     try:
-        return mlflow.pyfunc.load_model(model, model_config={"max_pixels": max_pixels,
-                                                                 "max_model_pixels": max_model_pixels})
+        return mlflow.pyfunc.load_model(
+            model, model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels}
+        )
     except MlflowException as error:
         raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
 
@@ -80,11 +82,15 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="MLflow model URI or a .onnx file")
     parser.add_argument("--input", required=True, type=Path, help="folder of thermal images, or a thermal video")
     parser.add_argument("--output", required=True, type=Path, help="folder for the visible PNGs, or a video file")
-    parser.add_argument("--max-pixels", type=int,
-                        help="largest image accepted, width x height (default: params.yaml serve.max_pixels)")
-    parser.add_argument("--max-model-pixels", type=int,
-                        help="most pixels one frame may cost the model once scaled by image_size / its shorter side "
-                             "(default: params.yaml serve.max_model_pixels)")
+    parser.add_argument(
+        "--max-pixels", type=int, help="largest image accepted, width x height (default: params.yaml serve.max_pixels)"
+    )
+    parser.add_argument(
+        "--max-model-pixels",
+        type=int,
+        help="most pixels one frame may cost the model once scaled by image_size / its shorter side "
+        "(default: params.yaml serve.max_model_pixels)",
+    )
     args = parser.parse_args()
     if args.max_pixels is None or args.max_model_pixels is None:
         try:

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny params, a params.yaml writer, and a tiny cache built by the real data stages."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ def tiny_params(tmp_path) -> Params:
 
 def run_script(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """Run pipelines/<script> from `cwd` as DVC would; output captured as text."""
-    return subprocess.run([sys.executable, str(REPO / "pipelines" / script), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "pipelines" / script), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
@@ -56,8 +58,14 @@ def run_stage_script():
 def run_benchmark_module(name: str, cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `python -m benchmarks.<name>` from `cwd` (the repo on the module path); output captured as text."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=cwd, env=os.environ | {
-        "PYTHONPATH": path}, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=cwd,
+        env=os.environ | {"PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -93,8 +101,13 @@ def project_copy(tmp_path) -> Path:
     _write_params(repo)
     dvc = str(Path(sys.executable).with_name("dvc"))
     commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]
-    for command in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "config", "core.analytics", "false"],
-                    ["git", "add", "-A"], commit):
+    for command in (
+        ["git", "init", "-q"],
+        [dvc, "init", "-q"],
+        [dvc, "config", "core.analytics", "false"],
+        ["git", "add", "-A"],
+        commit,
+    ):
         subprocess.run(command, cwd=repo, check=True, capture_output=True)
     return repo
 

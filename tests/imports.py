@@ -1,5 +1,6 @@
 """The project files a pipeline script runs: itself and every `thermal2visible` module it imports, transitively
 (function-level imports too), read from the source with `ast` rather than by importing it."""
+
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,5 @@
 """The shipped settings (params.yaml) with changes: how a test gets a section without restating its values."""
+
 import dataclasses
 from pathlib import Path
 

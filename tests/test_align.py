@@ -1,5 +1,6 @@
 """Camera registration (preprocess.align) on real bytes: built-in pairs rendered through a known rig, written as
 PNG, read back through ingest and preprocess; pairs it cannot align are refused or skipped, naming them."""
+
 import json
 
 import numpy as np
@@ -24,7 +25,8 @@ def worst_pixel_error(estimated: Rig, truth: Rig, side: int) -> float:
     """How far apart the two transforms put any corner of a side x side frame, in pixels."""
     corners = np.array([[0, 0], [side - 1, 0], [0, side - 1], [side - 1, side - 1]], float)
     apart = AffineTransform(matrix=estimated.matrix(side, side))(corners) - AffineTransform(
-        matrix=truth.matrix(side, side))(corners)
+        matrix=truth.matrix(side, side)
+    )(corners)
     return float(np.abs(apart).max())
 
 
@@ -52,8 +54,9 @@ def test_registered_pairs_are_left_exactly_as_they_are(tmp_path, write_params):
     assert aligned["align"]["applied"] is None
     cache_of(tmp_path, write_params, "unaligned", "preprocess.align=false")
     for split in ("train", "val", "test"):
-        for with_align, without in zip(load_split(tmp_path / "aligned", split),
-                                       load_split(tmp_path / "unaligned", split)):
+        for with_align, without in zip(
+            load_split(tmp_path / "aligned", split), load_split(tmp_path / "unaligned", split)
+        ):
             np.testing.assert_array_equal(with_align, without)
 
 
@@ -72,7 +75,8 @@ def test_a_pair_the_rig_cannot_align_is_refused_naming_it_or_skipped(tmp_path, w
     refused = run_stage_script("preprocess.py", tmp_path)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "error: preprocess.align: 1 pair(s) still lie more than preprocess.align_max_residual 2.0 px" in (
-        refused.stderr)
+        refused.stderr
+    )
     assert f"data/raw/thermal/person_00/000.png <-> {moved}: " in refused.stderr
     assert not (tmp_path / "data" / "cache").exists() and not (tmp_path / "reports" / "align.json").exists()
 
@@ -84,8 +88,7 @@ def test_a_pair_the_rig_cannot_align_is_refused_naming_it_or_skipped(tmp_path, w
     assert (tmp_path / "reports" / "align_overlay.png").stat().st_size > 1000
 
 
-def test_a_preset_naming_an_unknown_key_is_refused_before_anything_is_written(tmp_path, write_params,
-                                                                              run_stage_script):
+def test_a_preset_naming_an_unknown_key_is_refused_before_anything_is_written(tmp_path, write_params, run_stage_script):
     write_params(tmp_path)
     (tmp_path / "preset.yaml").write_text("synthesize:\n  scenery: camera\n")
     result = run_stage_script("synthesize.py", tmp_path, "--preset", "preset.yaml")

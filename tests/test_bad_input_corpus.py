@@ -4,6 +4,7 @@ Every case must be refused with a clear message naming it, no traceback, no 5xx 
 listed with their reason), the server alive after each, nothing written to the registry or the cache.
 Each test prints a table of what happened to every case (`pytest -s` shows it).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,13 @@ def test_ingest_names_every_bad_file_and_keeps_them_out_of_the_cache(tmp_path, w
     project = tmp_path / "project"
     project.mkdir()
     # preprocess.align off: the corpus's valid odd pair is noise, with no outlines to register
-    write_params(project, f"ingest.max_pixels={INGEST_MAX_PIXELS}", "synthesize.identities=2",
-                 "synthesize.images_per_identity=3", "preprocess.align=false")
+    write_params(
+        project,
+        f"ingest.max_pixels={INGEST_MAX_PIXELS}",
+        "synthesize.identities=2",
+        "synthesize.images_per_identity=3",
+        "preprocess.align=false",
+    )
     assert run_stage_script("synthesize.py", project).returncode == 0
     bad = write_bad_files(project / "data" / "raw", tmp_path / "outside", INGEST_MAX_PIXELS)
     good_pairs = 2 * 3 + 1  # synthesized, and the corpus's valid odd-sized 16-bit pair
@@ -47,8 +53,9 @@ def test_ingest_names_every_bad_file_and_keeps_them_out_of_the_cache(tmp_path, w
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
     assert f"error: data/raw: {len(bad)} bad file(s)" in failed.stderr, failed.stderr
     assert not (project / "data" / "ingested" / "index.json").exists()
-    reported = {entry["file"]: entry["reason"]
-                for entry in json.loads((project / "reports" / "ingest_errors.json").read_text())}
+    reported = {
+        entry["file"]: entry["reason"] for entry in json.loads((project / "reports" / "ingest_errors.json").read_text())
+    }
     rows = []
     for case in bad:
         reason = reported.get(f"data/raw/{case.path}", "")
@@ -73,8 +80,18 @@ def served(tmp_path_factory, tiny_cache):
         model = export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-            register(model, name="corpus", experiment="corpus", test_psnr=20.0, parity_passed=True, metrics={},
-                     lineage={}, max_pixels=MAX_PIXELS, max_model_pixels=1_048_576, training_manifest=None)
+            register(
+                model,
+                name="corpus",
+                experiment="corpus",
+                test_psnr=20.0,
+                parity_passed=True,
+                metrics={},
+                lineage={},
+                max_pixels=MAX_PIXELS,
+                max_model_pixels=1_048_576,
+                training_manifest=None,
+            )
         with model_server("models:/corpus@champion", tmp_path_factory.mktemp("serve"), tracking_uri) as url:
             yield url, MlflowClient(tracking_uri)
 
@@ -93,26 +110,41 @@ def test_every_broken_request_is_refused_clearly_and_the_server_lives_on(served)
         if isinstance(case.body, dict):
             response = requests.post(f"{url}/invocations", json=case.body, timeout=120)
         else:
-            response = requests.post(f"{url}/invocations", data=case.body, timeout=120,
-                                     headers={"Content-Type": case.content_type})
+            response = requests.post(
+                f"{url}/invocations", data=case.body, timeout=120, headers={"Content-Type": case.content_type}
+            )
         try:
             message = response.json().get("message", "")
         except ValueError:  # MLflow answers some refusals (415, its own 500) in plain text
             message = response.text
         alive = requests.get(f"{url}/ping", timeout=10).status_code == 200
-        problems = [what for what, bad in (
-            (f"status {response.status_code}", response.status_code != case.status),
-            ("message", case.phrase not in message),
-            ("traceback", "Traceback" in response.text or "stack_trace" in response.text),
-            (f"echo {len(response.content)} B", len(response.content) > 2048 and not case.known_gap),
-            ("server died", not alive)) if bad]
+        problems = [
+            what
+            for what, bad in (
+                (f"status {response.status_code}", response.status_code != case.status),
+                ("message", case.phrase not in message),
+                ("traceback", "Traceback" in response.text or "stack_trace" in response.text),
+                (f"echo {len(response.content)} B", len(response.content) > 2048 and not case.known_gap),
+                ("server died", not alive),
+            )
+            if bad
+        ]
         failures += [f"{case.case}: {', '.join(problems)}: {message[:300]}"] if problems else []
-        rows.append((case.case, response.status_code, len(response.content), "ok" if not problems else "FAIL",
-                     case.known_gap or message[:60].replace("\n", " ")))
+        rows.append(
+            (
+                case.case,
+                response.status_code,
+                len(response.content),
+                "ok" if not problems else "FAIL",
+                case.known_gap or message[:60].replace("\n", " "),
+            )
+        )
     print("\n" + table(rows, ("case", "status", "bytes", "outcome", "message / known MLflow gap")))
     statuses = [row[1] for row in rows]
-    print(f"{len(rows)} requests: {statuses.count(200)} 200, {sum(400 <= s < 500 for s in statuses)} 4xx, "
-          f"{sum(s >= 500 for s in statuses)} 5xx (all MLflow gaps listed above)")
+    print(
+        f"{len(rows)} requests: {statuses.count(200)} 200, {sum(400 <= s < 500 for s in statuses)} 4xx, "
+        f"{sum(s >= 500 for s in statuses)} 5xx (all MLflow gaps listed above)"
+    )
     assert not failures, "\n".join(failures)
     assert registry_state(client) == before  # serving writes nothing to the registry
 
@@ -123,14 +155,33 @@ def test_every_broken_video_is_refused_naming_it_and_nothing_is_written(tmp_path
     rows, failures = [], []
     for case in write_bad_videos(tmp_path / "videos"):
         out = tmp_path / "out" / case.case.replace(" ", "_") / case.output
-        done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "pipelines" / "translate.py"),
-                               "--model", str(model), "--input", str(tmp_path / "videos" / case.path),
-                               "--output", str(out), "--max-pixels", str(MAX_PIXELS)], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).parents[1] / "pipelines" / "translate.py"),
+                "--model",
+                str(model),
+                "--input",
+                str(tmp_path / "videos" / case.path),
+                "--output",
+                str(out),
+                "--max-pixels",
+                str(MAX_PIXELS),
+            ],
+            capture_output=True,
+            text=True,
+        )
         written = [p.name for p in out.parent.iterdir()] if out.parent.exists() else []
-        problems = [what for what, bad in ((f"exit {done.returncode}", done.returncode != 1),
-                                           ("message", not re.search(case.pattern, done.stderr)),
-                                           ("traceback", "Traceback" in done.stderr),
-                                           (f"wrote {written}", bool(written))) if bad]
+        problems = [
+            what
+            for what, bad in (
+                (f"exit {done.returncode}", done.returncode != 1),
+                ("message", not re.search(case.pattern, done.stderr)),
+                ("traceback", "Traceback" in done.stderr),
+                (f"wrote {written}", bool(written)),
+            )
+            if bad
+        ]
         failures += [f"{case.case}: {', '.join(problems)}: {done.stderr[-300:]}"] if problems else []
         rows.append((case.case, "ok" if not problems else "FAIL", done.stderr.strip().splitlines()[-1][:90]))
     print("\n" + table(rows, ("case", "outcome", "message")))

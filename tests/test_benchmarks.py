@@ -1,5 +1,6 @@
 """The interleaved-rounds method every benchmark uses (benchmarks/rounds.py), on real processes, and a smoke run of
 the training-step benchmark. Speed itself is never asserted here: that is the benchmarks' job."""
+
 import json
 import os
 import signal
@@ -14,12 +15,15 @@ from benchmarks import rounds
 
 def test_each_round_runs_every_configuration_in_a_rotated_order():
     calls = []
-    measurements = {name: (lambda name=name, seconds=seconds: calls.append(name) or seconds)
-                    for name, seconds in (("a", 0.2), ("b", 0.1), ("c", 0.4))}
-    records = rounds.measure_rounds(measurements, rounds=3, warmup_rounds=1,
-                                    after_each_round=lambda: calls.append("peak"))
+    measurements = {
+        name: (lambda name=name, seconds=seconds: calls.append(name) or seconds)
+        for name, seconds in (("a", 0.2), ("b", 0.1), ("c", 0.4))
+    }
+    records = rounds.measure_rounds(
+        measurements, rounds=3, warmup_rounds=1, after_each_round=lambda: calls.append("peak")
+    )
     # warm-up round first; what the figures are divided by is measured after every timed round, beside them
-    assert calls == ["c", "a", "b",  "a", "b", "c", "peak",  "b", "c", "a", "peak",  "c", "a", "b", "peak"]
+    assert calls == ["c", "a", "b", "a", "b", "c", "peak", "b", "c", "a", "peak", "c", "a", "b", "peak"]
     assert [r["round"] for r in records] == [0] * 3 + [1] * 3 + [2] * 3
     summary = rounds.summarize(records, baseline="a")
     assert summary["configs"]["b"]["speedup_median"] == 2.0 and summary["configs"]["b"]["verdict"] == "faster"
@@ -35,8 +39,11 @@ def test_the_peak_is_the_best_clean_measurement_and_a_share_above_it_is_no_figur
     (sample,) = peaks.samples["bf16"]
     assert sample["gflops"] > 0 and {"steal", "foreign_load", "flagged"} <= sample.keys()
     # a busy moment's measurement (flagged) is no ceiling, however high: the best clean one is
-    peaks.samples["bf16"] = [{"gflops": 250.0, "flagged": False}, {"gflops": 400.0, "flagged": False},
-                             {"gflops": 150.0, "flagged": True}]
+    peaks.samples["bf16"] = [
+        {"gflops": 250.0, "flagged": False},
+        {"gflops": 400.0, "flagged": False},
+        {"gflops": 150.0, "flagged": True},
+    ]
     assert peaks.peak("bf16") == {"gflops": 400.0, "clean": True, "measurements": 3}
     assert common.share_text(peaks.arithmetic(300e9, 1.0, "bf16")) == "75% of bf16 peak"
     over = peaks.arithmetic(600e9, 1.0, "bf16")
@@ -46,9 +53,11 @@ def test_the_peak_is_the_best_clean_measurement_and_a_share_above_it_is_no_figur
 
 
 def test_a_spread_that_crosses_one_is_no_measurable_difference():
-    records = [{"config": name, "round": r, "seconds": seconds, "flagged": False}
-               for r, (a, b) in enumerate([(1.0, 0.9), (1.0, 1.1), (1.0, 0.95)]) for name, seconds in (("a", a),
-                                                                                                       ("b", b))]
+    records = [
+        {"config": name, "round": r, "seconds": seconds, "flagged": False}
+        for r, (a, b) in enumerate([(1.0, 0.9), (1.0, 1.1), (1.0, 0.95)])
+        for name, seconds in (("a", a), ("b", b))
+    ]
     figures = rounds.summarize(records, baseline="a")["configs"]["b"]
     assert figures["speedup_min"] < 1 < figures["speedup_max"]
     assert figures["verdict"] == "no measurable difference"
@@ -56,8 +65,11 @@ def test_a_spread_that_crosses_one_is_no_measurable_difference():
 
 
 def test_flagged_rounds_are_left_out_while_enough_clean_ones_remain():
-    records = [{"config": name, "round": r, "seconds": seconds, "flagged": r == 1}
-               for r, b in enumerate([0.5, 5.0, 0.5, 0.5]) for name, seconds in (("a", 1.0), ("b", b))]
+    records = [
+        {"config": name, "round": r, "seconds": seconds, "flagged": r == 1}
+        for r, b in enumerate([0.5, 5.0, 0.5, 0.5])
+        for name, seconds in (("a", 1.0), ("b", b))
+    ]
     summary = rounds.summarize(records, baseline="a")
     assert summary["rounds_counted"] == 3 and not summary["flagged_rounds_counted"]
     assert summary["configs"]["b"]["speedup_min"] == 2.0  # the round under load (x0.2) is not among them
@@ -67,8 +79,12 @@ def test_flagged_rounds_are_left_out_while_enough_clean_ones_remain():
 
 def test_load_from_another_process_is_foreign_and_our_own_children_are_not():
     # A busy loop whose parent shell has exited belongs to no one here: it is someone else's load.
-    orphan = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
-                            capture_output=True, text=True, check=True)
+    orphan = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid = int(orphan.stdout)
     try:
         time.sleep(0.5)
@@ -79,8 +95,9 @@ def test_load_from_another_process_is_foreign_and_our_own_children_are_not():
         os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)
     with rounds.MachineLoad() as own:
-        subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"], check=True
+        )
     assert own.foreign < rounds.FOREIGN_LIMIT and not own.flagged
 
 
@@ -95,8 +112,9 @@ def test_a_descendant_that_outlives_its_parent_stays_ours():
 
 @pytest.mark.slow
 def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benchmark):
-    done = run_benchmark("train_step", tmp_path, "--sizes", "32", "--rounds", "2", "--steps", "1", "--configs",
-                         "default", "--no-profile")
+    done = run_benchmark(
+        "train_step", tmp_path, "--sizes", "32", "--rounds", "2", "--steps", "1", "--configs", "default", "--no-profile"
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "reports" / "train_step.json").read_text())
     (result,) = report["results"]

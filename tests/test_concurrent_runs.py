@@ -9,6 +9,7 @@ extreme (its SQLAlchemy pool of 5 + 10 connections runs dry: "QueuePool limit ..
 the client does not retry); PostgreSQL takes 48 x 10 x 1000 metrics without an error. SQLite is for one person,
 a tracking server on PostgreSQL for a team or a cluster (README, "Team server").
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -68,8 +69,10 @@ def hammer(uri: str) -> list[str]:
 
 def logged_counts(uri: str, run_ids: list[str]) -> dict[str, list[int]]:
     client = MlflowClient(uri)
-    return {run_id: [len(client.get_metric_history(run_id, key)) for key in ("loss", "k0", f"k{BATCH - 1}")]
-            for run_id in run_ids}
+    return {
+        run_id: [len(client.get_metric_history(run_id, key)) for key in ("loss", "k0", f"k{BATCH - 1}")]
+        for run_id in run_ids
+    }
 
 
 @pytest.mark.timeout(400)
@@ -98,9 +101,16 @@ def test_two_training_runs_start_together_on_a_fresh_sqlite_store(tmp_path, tiny
         (project / "data").mkdir(parents=True)
         (project / "data" / "cache").symlink_to(tiny_cache)
         write_params(project, "train.max_epochs=3", "early_stop.window=1", f"train.seed={ord(name)}")
-        trainings.append(subprocess.Popen([sys.executable, str(REPO / "pipelines" / "train.py")], cwd=project,
-                                          env=os.environ | {"MLFLOW_TRACKING_URI": uri}, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        trainings.append(
+            subprocess.Popen(
+                [sys.executable, str(REPO / "pipelines" / "train.py")],
+                cwd=project,
+                env=os.environ | {"MLFLOW_TRACKING_URI": uri},
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     for training in trainings:
         out = training.communicate(timeout=300)[0]
         assert training.returncode == 0, out

@@ -1,4 +1,5 @@
 """params.yaml loading: the shipped file is valid, and every kind of bad value names its key."""
+
 import dataclasses
 import json
 import subprocess
@@ -27,36 +28,44 @@ def test_override_is_parsed_as_yaml():
     assert params.preprocess.percentiles == (2.0, 98.0)
 
 
-@pytest.mark.parametrize("override, named", [
-    ("train.batch_sise=4", "train.batch_sise: unknown key"),
-    ("trian.batch_size=4", "trian: unknown section"),
-    ("train.precision=16", "train.precision"),
-    ("train.batch_size=two", "train.batch_size: expected an integer"),
-    ("train.channels_last=1", "train.channels_last: expected true or false"),
-    ("preprocess.image_size=100", "preprocess.image_size"),
-    ("preprocess.percentiles=[99, 1]", "preprocess.percentiles"),
-    ("preprocess.val_fraction=0.9", "preprocess.val_fraction"),
-    ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
-    ("serve.max_model_pixels=4000", "serve.max_model_pixels: 4000 is less than one 64x64 training square"),
-    ("train", "expected section.key=value"),
-    ("model.generator=vae", "model.generator: 'vae' is not one of"),
-    ("model.discriminator_scales=4", "model.discriminator_scales: 4 is not one of"),
-    ("train.lambda_feat=-1", "train.lambda_feat: -1.0 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("train.batch_sise=4", "train.batch_sise: unknown key"),
+        ("trian.batch_size=4", "trian: unknown section"),
+        ("train.precision=16", "train.precision"),
+        ("train.batch_size=two", "train.batch_size: expected an integer"),
+        ("train.channels_last=1", "train.channels_last: expected true or false"),
+        ("preprocess.image_size=100", "preprocess.image_size"),
+        ("preprocess.percentiles=[99, 1]", "preprocess.percentiles"),
+        ("preprocess.val_fraction=0.9", "preprocess.val_fraction"),
+        ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
+        ("serve.max_model_pixels=4000", "serve.max_model_pixels: 4000 is less than one 64x64 training square"),
+        ("train", "expected section.key=value"),
+        ("model.generator=vae", "model.generator: 'vae' is not one of"),
+        ("model.discriminator_scales=4", "model.discriminator_scales: 4 is not one of"),
+        ("train.lambda_feat=-1", "train.lambda_feat: -1.0 must be >= 0"),
+    ],
+)
 def test_bad_values_name_their_key(override, named):
     overrides = [override] if override != "train.batch_size=3" else [override, "train.devices=2"]
     with pytest.raises(ConfigError, match=named.replace("[", r"\[")):
         load_params(REPO_PARAMS, overrides)
 
 
-@pytest.mark.parametrize("overrides, refusal", [
-    (["preprocess.image_size=48"], "preprocess.image_size: 48 must be a power of two >= 16 (the U-Net"),
-    (["preprocess.image_size=48", "model.generator=resnet"], None),
-    (["preprocess.image_size=50", "model.generator=resnet"], "preprocess.image_size: 50 must be a multiple of 4"),
-    (["preprocess.image_size=32", "model.discriminator_scales=2"], None),
-    (["preprocess.image_size=32", "model.discriminator_scales=3"],
-     "model.discriminator_scales: 3 scales of a 32 px image .* coarsest at 8 px, under the 16 px"),
-])
+@pytest.mark.parametrize(
+    "overrides, refusal",
+    [
+        (["preprocess.image_size=48"], "preprocess.image_size: 48 must be a power of two >= 16 (the U-Net"),
+        (["preprocess.image_size=48", "model.generator=resnet"], None),
+        (["preprocess.image_size=50", "model.generator=resnet"], "preprocess.image_size: 50 must be a multiple of 4"),
+        (["preprocess.image_size=32", "model.discriminator_scales=2"], None),
+        (
+            ["preprocess.image_size=32", "model.discriminator_scales=3"],
+            "model.discriminator_scales: 3 scales of a 32 px image .* coarsest at 8 px, under the 16 px",
+        ),
+    ],
+)
 def test_the_generator_and_discriminator_scales_fit_the_image_size(overrides, refusal):
     if refusal is None:
         load_params(REPO_PARAMS, overrides)
@@ -85,8 +94,12 @@ def test_every_preset_loads_and_changes_what_it_names(preset):
 
 
 def test_preset_printed_for_dvc_exp_run_reads_back_the_same():
-    printed = subprocess.run([sys.executable, "-m", "thermal2visible.config", "params/paper_gpu.yaml"],
-                             capture_output=True, text=True, check=True).stdout.split()
+    printed = subprocess.run(
+        [sys.executable, "-m", "thermal2visible.config", "params/paper_gpu.yaml"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert printed[::2] == ["-S"] * (len(printed) // 2)
     preset = load_params(REPO_PARAMS, preset_overrides("params/paper_gpu.yaml"))
     assert load_params(REPO_PARAMS, printed[1::2]) == preset
@@ -101,8 +114,12 @@ def test_a_preset_that_is_not_sections_of_keys_is_refused(tmp_path):
 
 def test_the_schema_holds_no_values_and_a_key_missing_from_params_yaml_is_named(tmp_path):
     """params.yaml is the one source of values: the schema declares none, so nothing can silently differ from it."""
-    with_values = [f"{section}.{key.name}" for section, kind in SECTIONS.items() for key in dataclasses.fields(kind)
-                   if key.default is not dataclasses.MISSING or key.default_factory is not dataclasses.MISSING]
+    with_values = [
+        f"{section}.{key.name}"
+        for section, kind in SECTIONS.items()
+        for key in dataclasses.fields(kind)
+        if key.default is not dataclasses.MISSING or key.default_factory is not dataclasses.MISSING
+    ]
     assert not with_values
     raw = yaml.safe_load(Path(REPO_PARAMS).read_text())
     del raw["train"]["lr_d"]
@@ -118,8 +135,12 @@ def test_a_section_training_reads_marks_every_key_and_dvc_gives_train_every_weig
         assert len(marked(section, "weights")) in (0, len(dataclasses.fields(SECTIONS[section]))), section
     stages = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
     given = {param for stage in ("preprocess", "train") for param in stages[stage]["params"]}
-    missing = [f"{section}.{key}" for section, keys in weight_defining().items() for key in keys
-               if section not in given and f"{section}.{key}" not in given]
+    missing = [
+        f"{section}.{key}"
+        for section, keys in weight_defining().items()
+        for key in keys
+        if section not in given and f"{section}.{key}" not in given
+    ]
     assert weight_defining()["train"] and not missing
 
 

@@ -1,4 +1,5 @@
 """PairedDataModule: batch shapes and ranges, pair-consistent jitter, deterministic val, distinct DDP shards."""
+
 import dataclasses
 import json
 import subprocess
@@ -39,8 +40,9 @@ def test_batches_have_the_contract_shapes_dtypes_and_ranges(tiny_cache, preload)
 
 
 def test_preloaded_and_mapped_batches_hold_the_same_values(tiny_cache):
-    loaded, mapped = (PairedDataModule(tiny_cache, 4, shipped("loader", preload=p, jitter=False))
-                      for p in (True, False))
+    loaded, mapped = (
+        PairedDataModule(tiny_cache, 4, shipped("loader", preload=p, jitter=False)) for p in (True, False)
+    )
     loaded.setup("fit")
     mapped.setup("fit")
     assert isinstance(loaded.splits["train"].arrays["thermal"], torch.Tensor)
@@ -57,7 +59,7 @@ def test_jitter_moves_both_images_of_a_pair_alike_and_each_pair_its_own_way():
     count, side, crop = 16, 27, 24
     ramp = np.add.outer(np.arange(side), 3 * np.arange(side)).astype(np.uint8)  # asymmetric, so flips show
     visible = np.broadcast_to(ramp[None, :, :, None], (count, side, side, 3)).copy()
-    thermal = visible[..., :1].astype(np.uint16) * 257                          # the same picture in 16 bits
+    thermal = visible[..., :1].astype(np.uint16) * 257  # the same picture in 16 bits
     arrays = {"thermal": thermal, "visible": visible, "identity": np.zeros(count, np.int64)}
     torch.manual_seed(0)
     jittered = model_batch(CachedPairs(arrays, crop=crop).__getitems__(list(range(count))))
@@ -102,7 +104,7 @@ def test_a_batch_bigger_than_the_training_set_fails_clearly(tiny_cache):
         PairedDataModule(tiny_cache, 32, shipped("loader")).setup("fit")
 
 
-DDP_SCRIPT = textwrap.dedent('''
+DDP_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import torch
@@ -139,7 +141,7 @@ DDP_SCRIPT = textwrap.dedent('''
     data = PairedDataModule(sys.argv[1], 2, shipped("loader", preload=sys.argv[3] == "1"))
     Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0).fit(Recorder(), data)
-''')
+""")
 
 
 @pytest.mark.slow
@@ -147,8 +149,13 @@ DDP_SCRIPT = textwrap.dedent('''
 def test_ddp_ranks_draw_distinct_shards_of_each_epoch(tiny_cache, tmp_path, preload):
     script = tmp_path / "ddp_shards.py"
     script.write_text(DDP_SCRIPT)
-    result = subprocess.run([sys.executable, str(script), str(tiny_cache), str(tmp_path), preload],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tiny_cache), str(tmp_path), preload],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     orders = {}

@@ -3,6 +3,7 @@
 Lightning's DDP launcher re-runs the current script for every other rank, so the step-equivalence worker is this
 file run as a script (`python tests/test_ddp.py DEVICES OUT`), and the pipeline test runs pipelines/train.py.
 """
+
 import dataclasses
 import json
 import os
@@ -34,8 +35,11 @@ TINY = shipped("model", ngf=8, ndf=8, norm="none", dropout=0.0)
 # The same with pix2pixHD's options (the ResNet generator, a 2-scale D and feature matching), under each update
 # rule: simultaneous sends both D forwards through D's wrapper and G's backward through that wrapper's graph.
 HD = dataclasses.replace(TINY, generator="resnet", discriminator_scales=2)
-OPTIONS = {"pix2pix": (TINY, {}), "pix2pixHD": (HD, {"lambda_feat": 10.0}),
-           "pix2pixHD simultaneous": (HD, {"lambda_feat": 10.0, "update_rule": "simultaneous"})}
+OPTIONS = {
+    "pix2pix": (TINY, {}),
+    "pix2pixHD": (HD, {"lambda_feat": 10.0}),
+    "pix2pixHD simultaneous": (HD, {"lambda_feat": 10.0, "update_rule": "simultaneous"}),
+}
 
 
 def clean_env() -> dict[str, str]:
@@ -60,13 +64,27 @@ def train_steps(devices: int, out: Path, options: str) -> None:
     """STEPS steps of a tiny Pix2Pix on a fixed, unshuffled set; rank 0 saves the weights to `out`."""
     torch.manual_seed(0)
     model, changes = OPTIONS[options]
-    train = shipped("train", batch_size=GLOBAL_BATCH, devices=devices, accelerator="cpu", precision="32-true",
-                        channels_last=False, fused_adam=False, max_epochs=1, **changes)
+    train = shipped(
+        "train",
+        batch_size=GLOBAL_BATCH,
+        devices=devices,
+        accelerator="cpu",
+        precision="32-true",
+        channels_last=False,
+        fused_adam=False,
+        max_epochs=1,
+        **changes,
+    )
     module = Pix2Pix(model, train, SIZE, 1, 3)
     generator = torch.Generator().manual_seed(1)
-    samples = [{"thermal": torch.rand(1, SIZE, SIZE, generator=generator) * 2 - 1,
-                "visible": torch.rand(3, SIZE, SIZE, generator=generator) * 2 - 1,
-                "identity": torch.tensor(0)} for _ in range(GLOBAL_BATCH * STEPS)]
+    samples = [
+        {
+            "thermal": torch.rand(1, SIZE, SIZE, generator=generator) * 2 - 1,
+            "visible": torch.rand(3, SIZE, SIZE, generator=generator) * 2 - 1,
+            "identity": torch.tensor(0),
+        }
+        for _ in range(GLOBAL_BATCH * STEPS)
+    ]
     trainer = build_trainer(train, limit_train_batches=STEPS, use_distributed_sampler=False)
     trainer.fit(module, datamodule=UnshuffledShards(samples, per_process_batch(train)))
     if trainer.is_global_zero:
@@ -78,8 +96,14 @@ def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_pa
     weights = {}
     for devices in (1, 2):
         out = tmp_path / f"devices{devices}.pt"
-        result = subprocess.run([sys.executable, __file__, str(devices), str(out), options], cwd=REPO,
-                                env=clean_env(), capture_output=True, text=True, timeout=240)
+        result = subprocess.run(
+            [sys.executable, __file__, str(devices), str(out), options],
+            cwd=REPO,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         weights[devices] = torch.load(out, weights_only=True)
     torch.manual_seed(0)
@@ -133,11 +157,24 @@ def train_ranks(cache: Path, out: Path) -> None:
     """2 epochs of the real Pix2Pix (batch norm, dropout, jitter) on 2 ranks; each saves what it saw and its
     generator; rank 0 also the validation PSNR the run logged and the one its generator scores alone."""
     seed_everything(0, verbose=False)
-    train = shipped("train", batch_size=4, devices=2, accelerator="cpu", precision="32-true", channels_last=False,
-                        fused_adam=False, max_epochs=2)
+    train = shipped(
+        "train",
+        batch_size=4,
+        devices=2,
+        accelerator="cpu",
+        precision="32-true",
+        channels_last=False,
+        fused_adam=False,
+        max_epochs=2,
+    )
     data = PairedDataModule(cache, per_process_batch(train), shipped("loader", jitter=True))
-    module = Pix2Pix(shipped("model", ngf=8, ndf=8, norm="batch", dropout=0.5), train, 32, data.thermal_channels,
-                     data.visible_channels)
+    module = Pix2Pix(
+        shipped("model", ngf=8, ndf=8, norm="batch", dropout=0.5),
+        train,
+        32,
+        data.thermal_channels,
+        data.visible_channels,
+    )
     seen = Seen()
     trainer = build_trainer(train, callbacks=[seen])
     trainer.fit(module, datamodule=data)
@@ -150,12 +187,19 @@ def train_ranks(cache: Path, out: Path) -> None:
 
 def test_ranks_draw_their_own_crops_in_lock_step_and_validate_each_image_once(tmp_path, tiny_cache):
     cache = one_face_cache(tiny_cache, tmp_path / "cache", val_images=5)
-    result = subprocess.run([sys.executable, __file__, "ranks", str(cache), str(tmp_path)], cwd=REPO, env=clean_env(),
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [sys.executable, __file__, "ranks", str(cache), str(tmp_path)],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert len(ranks[0]["crops"]) == 4 and all(  # 2 steps x 2 epochs, each rank its own crops at every step
-        a != b for a, b in zip(ranks[0]["crops"], ranks[1]["crops"]))
+        a != b for a, b in zip(ranks[0]["crops"], ranks[1]["crops"])
+    )
     generators = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
     for name, value in generators[0].items():  # lock-step: weights and (validated) statistics equal
         assert torch.equal(value, generators[1][name]), name
@@ -170,8 +214,14 @@ def test_two_process_training_run_logs_one_mlflow_run(tmp_path, tiny_cache, writ
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(tiny_cache)
     write_params(tmp_path, "train.devices=2", "train.max_epochs=2", "early_stop.window=1", "early_stop.patience=5")
-    result = subprocess.run([sys.executable, str(REPO / "pipelines" / "train.py")], cwd=tmp_path, env=clean_env(),
-                            capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "pipelines" / "train.py")],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     output = result.stdout + result.stderr
     assert "Starting with 2 processes" in output

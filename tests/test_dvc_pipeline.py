@@ -1,5 +1,6 @@
 """The DVC pipeline: in a real temporary git + DVC repo, repro, no-op repro, a param change and a code change re-running
 only their stages; and dvc.yaml's deps and outs checked against what each stage's code imports and writes."""
+
 from thermal2visible.paths import MANIFEST
 import json
 import subprocess
@@ -15,8 +16,9 @@ DATA_STAGES = ["synthesize", "ingest", "preprocess"]
 
 
 def dvc(repo, *args):
-    result = subprocess.run([str(Path(sys.executable).with_name("dvc")), *args], cwd=repo, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("dvc")), *args], cwd=repo, capture_output=True, text=True
+    )
     assert result.returncode == 0, f"dvc {args} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 
@@ -54,8 +56,11 @@ def test_every_stage_depends_on_every_file_its_script_imports():
     scripts, stages = stage_scripts()
     for name, script in scripts.items():
         deps = [Path(dep) for dep in stages[name]["deps"] if not dep.startswith("${")]
-        missing = [str(path) for path in sorted(import_closure(script))
-                   if not any(path == dep or dep in path.parents for dep in deps)]
+        missing = [
+            str(path)
+            for path in sorted(import_closure(script))
+            if not any(path == dep or dep in path.parents for dep in deps)
+        ]
         assert not missing, f"dvc.yaml stage {name!r} runs {', '.join(missing)} but does not list it in deps"
 
 
@@ -65,11 +70,23 @@ def test_dvc_yaml_writes_where_the_code_writes():
     for stage in stages.values():
         for kind in ("outs", "metrics", "plots"):
             declared |= {next(iter(entry)) if isinstance(entry, dict) else entry for entry in stage.get(kind, [])}
-    not_stage_outputs = (paths.PIPELINES, paths.PRESETS, paths.QUICK_STUDY, paths.PIX2PIX_DEFAULT, paths.REPORTS,
-                         paths.STUDY_REPORTS, paths.UI_SCREENSHOTS, paths.CHECKPOINTS, paths.BEST_GENERATOR, paths.PARAMS,
-                         paths.PAPER_GPU, paths.CAMERA)
-    written = {str(value) for value in vars(paths).values()
-               if isinstance(value, Path) and value not in not_stage_outputs}
+    not_stage_outputs = (
+        paths.PIPELINES,
+        paths.PRESETS,
+        paths.QUICK_STUDY,
+        paths.PIX2PIX_DEFAULT,
+        paths.REPORTS,
+        paths.STUDY_REPORTS,
+        paths.UI_SCREENSHOTS,
+        paths.CHECKPOINTS,
+        paths.BEST_GENERATOR,
+        paths.PARAMS,
+        paths.PAPER_GPU,
+        paths.CAMERA,
+    )
+    written = {
+        str(value) for value in vars(paths).values() if isinstance(value, Path) and value not in not_stage_outputs
+    }
     # data/ingested is the index's folder; models/generator.int8.onnx is optional (export.int8)
     assert written - declared == {str(paths.INDEX), str(paths.ONNX_INT8)}
     assert str(paths.INDEX.parent) in declared

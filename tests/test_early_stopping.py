@@ -1,4 +1,5 @@
 """PSNR early stopping decisions on scripted PSNR sequences, and the same decisions across a checkpoint resume."""
+
 import json
 import math
 
@@ -35,8 +36,13 @@ def test_best_is_the_smoothed_maximum_and_stop_comes_patience_epochs_later():
     assert stopper.best_epoch == 8 and stopper.best_smoothed == pytest.approx(15.0)
     assert len(decisions) == 11 and decisions[-1] == (False, True)
     assert [epoch for epoch, (best, _) in enumerate(decisions, 1) if best] == [3, 4, 5, 6, 7, 8]
-    assert stopper.summary() == {"best_epoch": 8, "stopped_epoch": 11, "best_psnr_smoothed": pytest.approx(15.0),
-                                 "best_psnr": 14, "epochs_run": 11}
+    assert stopper.summary() == {
+        "best_epoch": 8,
+        "stopped_epoch": 11,
+        "best_psnr_smoothed": pytest.approx(15.0),
+        "best_psnr": 14,
+        "epochs_run": 11,
+    }
 
 
 def test_noisy_single_epoch_spike_does_not_win():

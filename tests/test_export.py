@@ -1,4 +1,5 @@
 """ONNX export: one self-contained file, dynamic batch, metadata, parity with PyTorch on real cached images."""
+
 from __future__ import annotations
 
 import json
@@ -101,8 +102,9 @@ def test_a_generator_tested_in_train_mode_is_not_exported(tiny_cache, tmp_path):
     """Dropout on at test time makes every output random: nothing to check against PyTorch, nothing to serve."""
     generator, payload = load_generator(save_tiny_generator(tmp_path / "generator.pt", tiny_cache))
     with pytest.raises(PipelineError, match="train.test_mode: 'train'.*dropout on"):
-        export_generator(generator, payload | {"test_mode": "train"}, tmp_path / "generator.onnx", opset=18,
-                         thermal_dtype="uint16")
+        export_generator(
+            generator, payload | {"test_mode": "train"}, tmp_path / "generator.onnx", opset=18, thermal_dtype="uint16"
+        )
     assert not (tmp_path / "generator.onnx").exists()
 
 
@@ -122,8 +124,13 @@ def test_nan_output_fails_parity(project, exported, test_images):
 
 
 def test_stage_without_generator_says_so(tmp_path):
-    result = subprocess.run([sys.executable, str(EXPORT), "--params", str(ROOT / "params.yaml")], cwd=tmp_path,
-                            capture_output=True, text=True, env=os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true"})
+    result = subprocess.run(
+        [sys.executable, str(EXPORT), "--params", str(ROOT / "params.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
     assert result.returncode == 1
     assert result.stderr.strip() == "error: models/generator.pt: no trained generator here (run the train stage first)"
 
@@ -161,16 +168,24 @@ def test_a_resnet_generator_exports_with_parity_at_dynamic_sizes(tiny_cache, tmp
 def test_the_same_weights_export_to_the_same_bytes_in_every_process(project, tmp_path):
     """dvc.lock hashes the .onnx: a rerun that trains the same weights must write the same file, whatever the
     process's string-hash seed (torch.export prints some of its notes in hash order)."""
-    script = ("import sys; from pathlib import Path; from tiny_model import export_tiny; "
-              "export_tiny(Path(sys.argv[1]), Path(sys.argv[2]))")
+    script = (
+        "import sys; from pathlib import Path; from tiny_model import export_tiny; "
+        "export_tiny(Path(sys.argv[1]), Path(sys.argv[2]))"
+    )
     digests = set()
     for seed in ("1", "2", "3"):
         folder = tmp_path / seed
         folder.mkdir()
-        env = os.environ | {"PYTHONHASHSEED": seed, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-        subprocess.run([sys.executable, "-c", script, str(folder), str(project / "data" / "cache")], check=True,
-                       env=env, capture_output=True)
+        env = os.environ | {
+            "PYTHONHASHSEED": seed,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+        }
+        subprocess.run(
+            [sys.executable, "-c", script, str(folder), str(project / "data" / "cache")],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
         digests.add((folder / "generator.onnx").read_bytes())
     assert len(digests) == 1
     exported = digests.pop()  # nor any path of this checkout (another clone would write other bytes)

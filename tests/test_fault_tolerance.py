@@ -13,6 +13,7 @@ it there (or lets it go on and tries again in a later epoch):
 The kill just after a checkpoint also hits the one gap left (tracking.CheckpointedMLFlowLogger): that epoch's
 training losses, which Lightning logs after the checkpoint, are lost from MLflow (never duplicated).
 """
+
 import csv
 import signal
 import sqlite3
@@ -35,8 +36,13 @@ EPOCHS, WINDOW = 100, 2  # tiny epochs take 0.1-0.2 s, and a point missed is tri
 
 def start(project: Path, name: str, *args: str) -> subprocess.Popen:
     log = (project / f"{name}.log").open("w")
-    return subprocess.Popen([sys.executable, str(REPO / "pipelines" / "train.py"), *args], cwd=project,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "pipelines" / "train.py"), *args],
+        cwd=project,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def output(project: Path, name: str) -> str:
@@ -108,11 +114,14 @@ def kill_at(process: subprocess.Popen, project: Path, point: str) -> int:
             continue
         process.send_signal(signal.SIGSTOP)
         frozen_in_write = modified(temporary) not in (None, stale)
-        there = {"after checkpoint": not frozen_in_write and not in_mlflow(project, "val_psnr", done),
-                 "checkpoint": frozen_in_write,
-                 "validation": not frozen_in_write and validation_logged(project, done + 1),
-                 "mid-epoch": not frozen_in_write and not validation_logged(project, done + 1)
-                 and in_mlflow(project, "loss_g", done) is True}[point]
+        there = {
+            "after checkpoint": not frozen_in_write and not in_mlflow(project, "val_psnr", done),
+            "checkpoint": frozen_in_write,
+            "validation": not frozen_in_write and validation_logged(project, done + 1),
+            "mid-epoch": not frozen_in_write
+            and not validation_logged(project, done + 1)
+            and in_mlflow(project, "loss_g", done) is True,
+        }[point]
         if there and checkpointed_epochs(project) == done:
             process.kill()
             process.wait()
@@ -134,8 +143,7 @@ def interrupt_after(process: subprocess.Popen, project: Path, epochs: int, how: 
 def assert_consistent_on_disk(project: Path) -> None:
     """What a kill left behind: a whole last.ckpt, and a best file that the resumed run agrees with (the best
     epoch's file, or about to be rewritten from the checkpoint's own weights when the best is its last epoch)."""
-    state = early_stop_state(torch.load(project / "checkpoints" / "last.ckpt", map_location="cpu",
-                                        weights_only=True))
+    state = early_stop_state(torch.load(project / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True))
     best = project / "checkpoints" / "best_generator.pt"
     if best.exists():
         kept = torch.load(best, map_location="cpu", weights_only=True)["epoch"]
@@ -143,13 +151,20 @@ def assert_consistent_on_disk(project: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_run(tmp_path, tiny_cache,
-                                                                                    write_params, monkeypatch):
+def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_run(
+    tmp_path, tiny_cache, write_params, monkeypatch
+):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(tiny_cache)
-    write_params(tmp_path, f"train.max_epochs={EPOCHS}", f"early_stop.window={WINDOW}",
-                 f"early_stop.patience={EPOCHS}", "train.image_log_every=1", "train.batch_size=2")
+    write_params(
+        tmp_path,
+        f"train.max_epochs={EPOCHS}",
+        f"early_stop.window={WINDOW}",
+        f"early_stop.patience={EPOCHS}",
+        "train.image_log_every=1",
+        "train.batch_size=2",
+    )
 
     reached, losses_lost_at = 0, None
     for run, point in enumerate(("checkpoint", "validation", "after checkpoint", "mid-epoch")):
@@ -164,8 +179,12 @@ def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_r
     for run, how in ((4, signal.SIGTERM), (5, signal.SIGINT)):
         stopped_at = interrupt_after(start(tmp_path, f"run{run}"), tmp_path, reached + 2, how)
         message = output(tmp_path, f"run{run}")
-        assert f"stopped by SIGTERM or Ctrl-C after epoch {stopped_at}; checkpoints/last.ckpt holds epochs " \
-               f"1-{stopped_at}: run again to continue" in message and "Traceback" not in message, message
+        assert (
+            f"stopped by SIGTERM or Ctrl-C after epoch {stopped_at}; checkpoints/last.ckpt holds epochs "
+            f"1-{stopped_at}: run again to continue"
+            in message
+            and "Traceback" not in message
+        ), message
         assert not (tmp_path / "models" / "generator.pt").exists()  # published only by a finished run
         reached = stopped_at
 
@@ -201,7 +220,7 @@ def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_r
     logged = sorted(client.get_metric_history(runs[0].info.run_id, "val_psnr"), key=lambda metric: metric.step)
     assert [metric.value for metric in logged] == pytest.approx(state["history"], abs=1e-6)
     smoothed = sorted(client.get_metric_history(runs[0].info.run_id, "val_psnr_smoothed"), key=lambda m: m.step)
-    assert [metric.value for metric in smoothed] == pytest.approx(replay.smoothed()[WINDOW - 1:], abs=1e-6)
+    assert [metric.value for metric in smoothed] == pytest.approx(replay.smoothed()[WINDOW - 1 :], abs=1e-6)
 
 
 def tiny_project(root: Path, tiny_cache: Path, write_params, *overrides: str) -> Path:
@@ -212,16 +231,16 @@ def tiny_project(root: Path, tiny_cache: Path, write_params, *overrides: str) ->
 
 
 @pytest.mark.timeout(300)
-def test_unreadable_last_checkpoint_gives_a_notice_and_a_fresh_start(tmp_path, tiny_cache, write_params,
-                                                                    monkeypatch):
+def test_unreadable_last_checkpoint_gives_a_notice_and_a_fresh_start(tmp_path, tiny_cache, write_params, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     project = tiny_project(tmp_path, tiny_cache, write_params, "early_stop.window=1")
     (project / "checkpoints").mkdir()
     (project / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04" + bytes(100))  # a zip cut short
     run = start(project, "run")
     assert run.wait(timeout=240) == 0, output(project, "run")
-    assert "notice: checkpoints/last.ckpt cannot be read" in output(project, "run") and "starting fresh" in \
-        output(project, "run")
+    assert "notice: checkpoints/last.ckpt cannot be read" in output(project, "run") and "starting fresh" in output(
+        project, "run"
+    )
     assert checkpointed_epochs(project) == 2  # trained from epoch 1, checkpoint rewritten whole
 
 
@@ -230,8 +249,15 @@ def test_diverging_training_stops_clearly_and_publishes_nothing(tmp_path, tiny_c
     """A learning rate of 1e30 makes every loss non-finite after the first step: the run must stop after
     train.max_bad_steps skipped steps, leaving the published model and the registry as they were."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    project = tiny_project(tmp_path, tiny_cache, write_params, "early_stop.window=1", "train.lr_g=1.0e+30",
-                           "train.lr_d=1.0e+30", "train.max_bad_steps=3")
+    project = tiny_project(
+        tmp_path,
+        tiny_cache,
+        write_params,
+        "early_stop.window=1",
+        "train.lr_g=1.0e+30",
+        "train.lr_d=1.0e+30",
+        "train.max_bad_steps=3",
+    )
     published = project / "models" / "generator.pt"
     published.parent.mkdir()
     published.write_bytes(b"the model of an earlier, good run")
@@ -247,7 +273,8 @@ def test_diverging_training_stops_clearly_and_publishes_nothing(tmp_path, tiny_c
     assert "Traceback" not in message
     assert published.read_bytes() == b"the model of an earlier, good run"
     assert [int(v.version) for v in client.search_model_versions("name='thermal2visible'")] == [1]
-    assert {alias: int(version) for alias, version in client.get_registered_model("thermal2visible").aliases.items()
-            } == {"champion": 1}
+    assert {
+        alias: int(version) for alias, version in client.get_registered_model("thermal2visible").aliases.items()
+    } == {"champion": 1}
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]

@@ -4,6 +4,7 @@ The network here is the identity (thermal grey copied to RGB): a real function w
 any shift, stretch or seam the full-frame machinery adds shows in the output. Where the question is how well a face
 translates, a real tiny U-Net fitted to the tiny cache stands in for the trained model.
 """
+
 import dataclasses
 
 import numpy as np
@@ -32,7 +33,7 @@ def scene(height: int, width: int) -> np.ndarray:
     """A smooth 16-bit frame with a warm square a third of the way in: content whose place can be checked."""
     rows, cols = np.mgrid[0:height, 0:width]
     frame = 20_000 + 20_000 * (rows / height) * (cols / width)
-    frame[height // 3:height // 3 + height // 4, width // 3:width // 3 + width // 5] = 60_000
+    frame[height // 3 : height // 3 + height // 4, width // 3 : width // 3 + width // 5] = 60_000
     return frame.astype(np.uint16)
 
 
@@ -67,17 +68,20 @@ def test_face_crop_is_pasted_back_into_its_box():
     assert (top, left, side) == (5, 45, 30)
     visible = translate_frame(striped, frame, cfg)
     face = from_model(nhwc(striped(to_model(prepare_thermal(frame, cfg))))[0])  # the face as training saw it
-    np.testing.assert_allclose(visible[top:top + side, left:left + side], resize(face, (side, side, 3)), atol=1e-5)
+    np.testing.assert_allclose(visible[top : top + side, left : left + side], resize(face, (side, side, 3)), atol=1e-5)
     stripes = visible[:, :, 0] == 0  # the full frame around it went through at the frame's own scale
-    assert stripes[:, :left].any() and not np.array_equal(stripes[top:top + side, :side], stripes[top:top + side,
-                                                                                                  left:left + side])
+    assert stripes[:, :left].any() and not np.array_equal(
+        stripes[top : top + side, :side], stripes[top : top + side, left : left + side]
+    )
 
 
 def recording(batches: list[np.ndarray]):
     """The identity network, keeping every batch it was given: what the model saw."""
+
     def generate(batch: np.ndarray) -> np.ndarray:
         batches.append(batch.copy())
         return identity(batch)
+
     return generate
 
 
@@ -99,10 +103,12 @@ def l1_fitted_generator(cache, steps: int = 35) -> UNetGenerator:
     """A real tiny U-Net fitted (L1 only, a few steps) to the cache's training pairs: enough to make its output
     depend on the thermal values it is given, which an untrained one's barely does."""
     torch.manual_seed(0)
-    thermal, visible = (torch.from_numpy(to_model(np.load(cache / f"train_{kind}.npy")))
-                        for kind in ("thermal", "visible"))
-    generator = UNetGenerator(thermal.shape[1], visible.shape[1], thermal.shape[2], ngf=8, norm="batch", dropout=0.0,
-                              recompute=False)
+    thermal, visible = (
+        torch.from_numpy(to_model(np.load(cache / f"train_{kind}.npy"))) for kind in ("thermal", "visible")
+    )
+    generator = UNetGenerator(
+        thermal.shape[1], visible.shape[1], thermal.shape[2], ngf=8, norm="batch", dropout=0.0, recompute=False
+    )
     optimizer = torch.optim.Adam(generator.parameters(), lr=2e-3)
     for _ in range(steps):
         optimizer.zero_grad()
@@ -127,6 +133,6 @@ def test_hot_and_cold_beside_the_face_cost_it_less_than_a_db(tiny_cache):
         wide = np.hstack([np.full_like(thermal, 65_535), thermal, np.zeros_like(thermal)])
         real = unit(visible)
         alone.append(peak_signal_noise_ratio(real, translate_frame(generate, thermal, cfg), data_range=1.0))
-        face = translate_frame(generate, wide, cfg)[:, width:2 * width]
+        face = translate_frame(generate, wide, cfg)[:, width : 2 * width]
         beside.append(peak_signal_noise_ratio(real, face, data_range=1.0))
     assert abs(np.mean(beside) - np.mean(alone)) < 1.0, (alone, beside)

@@ -1,4 +1,5 @@
 """decode_image: every supported format and depth comes back as uint8/uint16; every bad file says why."""
+
 import io
 import struct
 import zlib
@@ -30,24 +31,38 @@ def tiff_bytes(array: np.ndarray, **options) -> bytes:
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height pixels, with almost no pixel data behind it."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
     pixels = zlib.compress(b"\0" * 64)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
 
 
-@pytest.mark.parametrize("data, expected", [
-    (pillow_bytes(Image.fromarray(GREY16), "PNG"), GREY16),
-    (pillow_bytes(Image.fromarray(RGB8), "PNG"), RGB8),
-    (pillow_bytes(Image.fromarray(RGB8[:, :, 0]), "PNG"), RGB8[:, :, 0]),
-    (tiff_bytes(GREY16), GREY16),
-    (tiff_bytes(GREY16.byteswap().view(GREY16.dtype.newbyteorder())), GREY16),  # big-endian TIFF
-    (tiff_bytes(np.stack([GREY16] * 3, axis=-1)), np.stack([GREY16] * 3, axis=-1)),  # 16-bit colour
-    (tiff_bytes(np.stack([GREY16] * 3), planarconfig="separate"), np.stack([GREY16] * 3, axis=-1)),
-    (tiff_bytes(GREY16[:, :, None]), GREY16),
-], ids=["png16-grey", "png8-rgb", "png8-grey", "tiff16-grey", "tiff16-big-endian", "tiff16-rgb", "tiff-planar",
-        "tiff-one-sample"])
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (pillow_bytes(Image.fromarray(GREY16), "PNG"), GREY16),
+        (pillow_bytes(Image.fromarray(RGB8), "PNG"), RGB8),
+        (pillow_bytes(Image.fromarray(RGB8[:, :, 0]), "PNG"), RGB8[:, :, 0]),
+        (tiff_bytes(GREY16), GREY16),
+        (tiff_bytes(GREY16.byteswap().view(GREY16.dtype.newbyteorder())), GREY16),  # big-endian TIFF
+        (tiff_bytes(np.stack([GREY16] * 3, axis=-1)), np.stack([GREY16] * 3, axis=-1)),  # 16-bit colour
+        (tiff_bytes(np.stack([GREY16] * 3), planarconfig="separate"), np.stack([GREY16] * 3, axis=-1)),
+        (tiff_bytes(GREY16[:, :, None]), GREY16),
+    ],
+    ids=[
+        "png16-grey",
+        "png8-rgb",
+        "png8-grey",
+        "tiff16-grey",
+        "tiff16-big-endian",
+        "tiff16-rgb",
+        "tiff-planar",
+        "tiff-one-sample",
+    ],
+)
 def test_lossless_formats_round_trip(data, expected):
     decoded = decode_image(data, "x", max_pixels=10_000)
     assert decoded.dtype == expected.dtype and decoded.dtype.isnative
@@ -64,27 +79,49 @@ def test_jpeg_and_palette_decode_to_rgb():
     assert palette.shape == RGB8.shape and palette.dtype == np.uint8
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"", "empty file"),
-    (b"name,value\n1,2\n", "not a PNG, JPEG or TIFF"),
-    (pillow_bytes(Image.fromarray(RGB8), "PNG")[:60], "truncated or corrupt PNG"),
-    (pillow_bytes(Image.fromarray(np.tile(RGB8, (8, 8, 1))), "JPEG")[:2000], "truncated or corrupt JPEG"),
-    (tiff_bytes(GREY16)[:120], "truncated or corrupt TIFF"),
-    (pillow_bytes(Image.fromarray(np.dstack([RGB8, RGB8[:, :, :1]])), "PNG"),
-     "RGBA (4 channels) with 120 transparent pixel(s), first at row 0, column 0"),
-    (pillow_bytes(Image.fromarray(RGB8[:, :, :2]), "PNG"), "grey+alpha (2 channels) with"),
-    (tiff_bytes(np.dstack([RGB8, RGB8]), photometric="rgb", planarconfig="contig"),
-     "6 channels; expected 1 (grey), 3 (RGB)"),
-    (tiff_bytes(GREY16.astype(np.int32)), "int32 samples"),
-    (tiff_bytes(np.where(GREY16 > 60_000, np.nan, GREY16 / 1000.0).astype(np.float32)), "NaN/inf value(s), first"),
-    (tiff_bytes(np.full((4, 4), np.inf)), "16 NaN/inf value(s), first at row 0, column 0"),
-    (tiff_bytes(np.stack([GREY16, GREY16])), "2 images"),
-    (pillow_bytes(Image.fromarray(RGB8), "PNG"), "pixels exceeds max_pixels 100 (refused before decoding)"),
-    (png_header_only(60_000, 60_000), "decompression bomb"),
-    (png_header_only(3_000, 2_000), "3000x2000 = 6000000 pixels exceeds max_pixels"),
-], ids=["empty", "text", "truncated-png", "truncated-jpeg", "truncated-tiff", "rgba-transparent",
-        "grey-alpha-transparent", "six-channels", "int32", "float-nan", "float-inf", "multipage", "too-many-pixels",
-        "bomb-header", "huge-header"])
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"", "empty file"),
+        (b"name,value\n1,2\n", "not a PNG, JPEG or TIFF"),
+        (pillow_bytes(Image.fromarray(RGB8), "PNG")[:60], "truncated or corrupt PNG"),
+        (pillow_bytes(Image.fromarray(np.tile(RGB8, (8, 8, 1))), "JPEG")[:2000], "truncated or corrupt JPEG"),
+        (tiff_bytes(GREY16)[:120], "truncated or corrupt TIFF"),
+        (
+            pillow_bytes(Image.fromarray(np.dstack([RGB8, RGB8[:, :, :1]])), "PNG"),
+            "RGBA (4 channels) with 120 transparent pixel(s), first at row 0, column 0",
+        ),
+        (pillow_bytes(Image.fromarray(RGB8[:, :, :2]), "PNG"), "grey+alpha (2 channels) with"),
+        (
+            tiff_bytes(np.dstack([RGB8, RGB8]), photometric="rgb", planarconfig="contig"),
+            "6 channels; expected 1 (grey), 3 (RGB)",
+        ),
+        (tiff_bytes(GREY16.astype(np.int32)), "int32 samples"),
+        (tiff_bytes(np.where(GREY16 > 60_000, np.nan, GREY16 / 1000.0).astype(np.float32)), "NaN/inf value(s), first"),
+        (tiff_bytes(np.full((4, 4), np.inf)), "16 NaN/inf value(s), first at row 0, column 0"),
+        (tiff_bytes(np.stack([GREY16, GREY16])), "2 images"),
+        (pillow_bytes(Image.fromarray(RGB8), "PNG"), "pixels exceeds max_pixels 100 (refused before decoding)"),
+        (png_header_only(60_000, 60_000), "decompression bomb"),
+        (png_header_only(3_000, 2_000), "3000x2000 = 6000000 pixels exceeds max_pixels"),
+    ],
+    ids=[
+        "empty",
+        "text",
+        "truncated-png",
+        "truncated-jpeg",
+        "truncated-tiff",
+        "rgba-transparent",
+        "grey-alpha-transparent",
+        "six-channels",
+        "int32",
+        "float-nan",
+        "float-inf",
+        "multipage",
+        "too-many-pixels",
+        "bomb-header",
+        "huge-header",
+    ],
+)
 def test_bad_images_name_the_source_and_reason(data, reason):
     max_pixels = 100 if reason.startswith("pixels exceeds") else 1_000_000
     with pytest.raises(BadImage) as caught:
@@ -115,8 +152,9 @@ def test_opaque_alpha_is_dropped(mode, channels):
     expected = np.asarray(image.convert("RGB" if channels == 3 else "L"))
     np.testing.assert_array_equal(decoded, expected)
     sixteen = np.dstack([np.stack([GREY16] * 3, axis=-1), np.full_like(GREY16, 65535)])
-    np.testing.assert_array_equal(decode_image(tiff_bytes(sixteen, extrasamples=["unassalpha"]), "x.tif", 10_000),
-                                  sixteen[:, :, :3])
+    np.testing.assert_array_equal(
+        decode_image(tiff_bytes(sixteen, extrasamples=["unassalpha"]), "x.tif", 10_000), sixteen[:, :, :3]
+    )
 
 
 def test_palette_with_a_transparent_colour_is_refused():

@@ -1,6 +1,7 @@
 """The inference package stands apart: no module of it reaches training, tracking or dev code, and what the served
 model packs (serving.PACKED) is exactly serving.py and what it imports. (The packed code of a registered model is
 listed, and loaded alone, in tests/test_serving.py.)"""
+
 from imports import REPO, import_closure
 
 from thermal2visible.inference.serving import PACKAGE, PACKED

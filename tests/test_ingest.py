@@ -1,4 +1,5 @@
 """Ingest: both layouts, every depth/channel/format combination, and every kind of bad input named with its reason."""
+
 import hashlib
 import json
 import os
@@ -48,19 +49,21 @@ def test_pairs_match_by_relative_path_across_formats_and_depths(tmp_path):
     root = tmp_path / "faces"
     write_image(root / "thermal/anna/a.tiff", thermal16())
     write_image(root / "visible/anna/a.png", rgb())
-    write_image(root / "thermal/ben/b.png", thermal16().astype(np.uint8))           # 8-bit thermal
+    write_image(root / "thermal/ben/b.png", thermal16().astype(np.uint8))  # 8-bit thermal
     write_image(root / "visible/ben/b.jpg", rgb())
-    write_image(root / "thermal/c.tif", thermal16())                               # no identity folder
+    write_image(root / "thermal/c.tif", thermal16())  # no identity folder
     write_image(root / "visible/c.jpeg", rgb())
     index, problems = ingest(root, "pairs", FAIL)
     assert problems == []
     assert [(p["thermal"], p["visible"], p["identity"], p["split"]) for p in index["pairs"]] == [
         ("thermal/anna/a.tiff", "visible/anna/a.png", "anna", None),
         ("thermal/ben/b.png", "visible/ben/b.jpg", "ben", None),
-        ("thermal/c.tif", "visible/c.jpeg", None, None)]
+        ("thermal/c.tif", "visible/c.jpeg", None, None),
+    ]
     first = index["pairs"][0]
-    assert first["sha256"] == {kind: hashlib.sha256((root / first[kind]).read_bytes()).hexdigest()
-                               for kind in ("thermal", "visible")}
+    assert first["sha256"] == {
+        kind: hashlib.sha256((root / first[kind]).read_bytes()).hexdigest() for kind in ("thermal", "visible")
+    }
     assert (index["thermal_channels"], index["visible_channels"]) == (1, 3)
     thermal, visible = read_pair(root, index["pairs"][1], "pairs", 10**6)
     assert thermal.dtype == np.uint8 and visible.shape == (8, 8, 3)
@@ -82,8 +85,11 @@ def test_side_by_side_takes_the_split_from_the_folder(tmp_path):
     write_image(root / "z.png", rgb(8, 16))
     index, problems = ingest(root, "side_by_side", FAIL)
     assert problems == []
-    assert [(p["thermal"], p["split"]) for p in index["pairs"]] == [("train/x.png", "train"), ("val/y.jpg", "val"),
-                                                                    ("z.png", None)]
+    assert [(p["thermal"], p["split"]) for p in index["pairs"]] == [
+        ("train/x.png", "train"),
+        ("val/y.jpg", "val"),
+        ("z.png", None),
+    ]
     thermal, visible = read_pair(root, index["pairs"][0], "side_by_side", 10**6)
     np.testing.assert_array_equal(thermal, left)
     np.testing.assert_array_equal(visible, right)
@@ -103,30 +109,62 @@ def folder_symlink_outside(root):
 
 
 BAD = {  # name: (make the defect in a good dataset, the file to be named, the reason)
-    "unpaired-thermal": (lambda r: write_image(r / "thermal/p/d.png", thermal16()),
-                         "thermal/p/d.png", "no visible image visible/p/d.* to pair with"),
-    "unpaired-visible": (lambda r: write_image(r / "visible/q/e.jpg", rgb()),
-                         "visible/q/e.jpg", "no thermal image thermal/q/e.* to pair with"),
-    "truncated": (lambda r: (r / "thermal/p/a.png").write_bytes((r / "thermal/p/a.png").read_bytes()[:70]),
-                  "thermal/p/a.png", "truncated or corrupt PNG"),
+    "unpaired-thermal": (
+        lambda r: write_image(r / "thermal/p/d.png", thermal16()),
+        "thermal/p/d.png",
+        "no visible image visible/p/d.* to pair with",
+    ),
+    "unpaired-visible": (
+        lambda r: write_image(r / "visible/q/e.jpg", rgb()),
+        "visible/q/e.jpg",
+        "no thermal image thermal/q/e.* to pair with",
+    ),
+    "truncated": (
+        lambda r: (r / "thermal/p/a.png").write_bytes((r / "thermal/p/a.png").read_bytes()[:70]),
+        "thermal/p/a.png",
+        "truncated or corrupt PNG",
+    ),
     "zero-bytes": (lambda r: (r / "visible/p/b.png").write_bytes(b""), "visible/p/b.png", "empty file (0 bytes)"),
-    "not-an-image-file": (lambda r: (r / "thermal/p/notes.txt").write_text("hi"),
-                          "thermal/p/notes.txt", "not an image file"),
-    "not-an-image-inside": (lambda r: (r / "visible/p/c.png").write_text("<html>"),
-                            "visible/p/c.png", "not a PNG, JPEG or TIFF image"),
-    "size-mismatch": (lambda r: write_image(r / "visible/p/a.png", rgb(8, 10)),
-                      "thermal/p/a.png", "thermal is 8x8 but its visible partner visible/p/a.png is 10x8"),
-    "transparent-rgba": (lambda r: write_image(r / "visible/p/a.png", rgb(channels=4)),
-                         "visible/p/a.png", "RGBA (4 channels) with"),
-    "inconsistent-channels": (lambda r: write_image(r / "thermal/p/b.png", rgb()),
-                              "thermal/p/b.png", "thermal has 3 channel(s) but most thermal images have 1"),
-    "too-many-pixels": (lambda r: [write_image(r / f"{k}/p/a.png", img) for k, img in
-                                   (("thermal", thermal16(40, 40)), ("visible", rgb(40, 40)))],
-                        "thermal/p/a.png", "40x40 = 1600 pixels exceeds max_pixels 1000 (refused before decoding)"),
+    "not-an-image-file": (
+        lambda r: (r / "thermal/p/notes.txt").write_text("hi"),
+        "thermal/p/notes.txt",
+        "not an image file",
+    ),
+    "not-an-image-inside": (
+        lambda r: (r / "visible/p/c.png").write_text("<html>"),
+        "visible/p/c.png",
+        "not a PNG, JPEG or TIFF image",
+    ),
+    "size-mismatch": (
+        lambda r: write_image(r / "visible/p/a.png", rgb(8, 10)),
+        "thermal/p/a.png",
+        "thermal is 8x8 but its visible partner visible/p/a.png is 10x8",
+    ),
+    "transparent-rgba": (
+        lambda r: write_image(r / "visible/p/a.png", rgb(channels=4)),
+        "visible/p/a.png",
+        "RGBA (4 channels) with",
+    ),
+    "inconsistent-channels": (
+        lambda r: write_image(r / "thermal/p/b.png", rgb()),
+        "thermal/p/b.png",
+        "thermal has 3 channel(s) but most thermal images have 1",
+    ),
+    "too-many-pixels": (
+        lambda r: [
+            write_image(r / f"{k}/p/a.png", img)
+            for k, img in (("thermal", thermal16(40, 40)), ("visible", rgb(40, 40)))
+        ],
+        "thermal/p/a.png",
+        "40x40 = 1600 pixels exceeds max_pixels 1000 (refused before decoding)",
+    ),
     "symlink-outside": (symlink_outside, "thermal/p/d.png", "symlink leads outside the dataset root"),
     "folder-symlink-outside": (folder_symlink_outside, "thermal/q", "symlink leads outside the dataset root"),
-    "same-name": (lambda r: write_image(r / "thermal/p/a.tiff", thermal16()),
-                  "thermal/p/a.tiff", "2 files share the name p/a"),
+    "same-name": (
+        lambda r: write_image(r / "thermal/p/a.tiff", thermal16()),
+        "thermal/p/a.tiff",
+        "2 files share the name p/a",
+    ),
 }
 
 
@@ -158,11 +196,14 @@ def test_skip_keeps_the_good_pairs_and_lists_the_rest(dataset):
     assert [p.file for p in problems] == [str(dataset / "thermal/p/a.png")]
 
 
-@pytest.mark.parametrize("layout, make, message", [
-    ("pairs", lambda r: None, "is not a folder"),
-    ("pairs", lambda r: write_image(r / "thermal/a.png", thermal16()), "has no visible/ folder"),
-    ("side_by_side", lambda r: write_image(r / "a.png", rgb(8, 7)), "no usable image pairs"),
-])
+@pytest.mark.parametrize(
+    "layout, make, message",
+    [
+        ("pairs", lambda r: None, "is not a folder"),
+        ("pairs", lambda r: write_image(r / "thermal/a.png", thermal16()), "has no visible/ folder"),
+        ("side_by_side", lambda r: write_image(r / "a.png", rgb(8, 7)), "no usable image pairs"),
+    ],
+)
 def test_structural_problems(tmp_path, layout, make, message):
     root = tmp_path / "faces"
     make(root)
@@ -190,8 +231,10 @@ def test_ingest_script_fails_cleanly_and_reports_every_file(dataset, write_param
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "\nerror: faces: 2 bad file(s)" in result.stderr
     report = json.loads((project / "reports/ingest_errors.json").read_text())
-    assert report == [{"file": "faces/thermal/p/d.png", "reason": "no visible image visible/p/d.* to pair with"},
-                      {"file": "faces/thermal/p/a.png", "reason": report[1]["reason"]}]
+    assert report == [
+        {"file": "faces/thermal/p/d.png", "reason": "no visible image visible/p/d.* to pair with"},
+        {"file": "faces/thermal/p/a.png", "reason": report[1]["reason"]},
+    ]
     assert not (project / "data/ingested/index.json").exists()
 
 
@@ -202,7 +245,8 @@ def test_ingest_script_skip_writes_the_report_and_the_index(dataset, write_param
     result = run_stage_script("ingest.py", project)
     assert result.returncode == 0, result.stderr
     assert json.loads((project / "reports/ingest_errors.json").read_text()) == [
-        {"file": "faces/visible/p/b.png", "reason": "empty file (0 bytes)"}]
+        {"file": "faces/visible/p/b.png", "reason": "empty file (0 bytes)"}
+    ]
     index = json.loads((project / "data/ingested/index.json").read_text())
     assert [p["visible"] for p in index["pairs"]] == ["visible/p/a.png", "visible/p/c.png"]
 
@@ -212,11 +256,16 @@ def test_a_users_folder_goes_through_ingest_and_preprocess_unchanged(tmp_path, w
     for person in ("alice", "bob", "carol", "dave"):
         for shot in range(3):
             frame = np.full((60, 80), 29_400, np.uint16)
-            frame[10:45, 25:55] = 30_700 + 100 * shot                   # a warm face somewhere in the frame
+            frame[10:45, 25:55] = 30_700 + 100 * shot  # a warm face somewhere in the frame
             write_image(tmp_path / f"camera/thermal/{person}/{shot:04d}.png", frame)
             write_image(tmp_path / f"camera/visible/{person}/{shot:04d}.jpg", rgb(60, 80))
-    write_params(tmp_path, "data.source=camera", "preprocess.split_by=identity", "preprocess.face_crop=true",
-                 "preprocess.align=false")  # the visible frames are noise: no outlines to register
+    write_params(
+        tmp_path,
+        "data.source=camera",
+        "preprocess.split_by=identity",
+        "preprocess.face_crop=true",
+        "preprocess.align=false",
+    )  # the visible frames are noise: no outlines to register
     for script in ("ingest.py", "preprocess.py"):
         result = run_stage_script(script, tmp_path)
         assert result.returncode == 0, result.stderr

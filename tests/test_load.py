@@ -1,4 +1,5 @@
 """A short bounded run of benchmarks/load.py: concurrent clients against a real `mlflow models serve`, zero errors."""
+
 import json
 
 import pytest
@@ -7,8 +8,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_concurrent_clients_get_every_answer(tmp_path, run_benchmark):
-    done = run_benchmark("load", tmp_path, "--clients", "4", "--requests", "20", "--size", "32", "--ngf", "8",
-                         timeout=300)
+    done = run_benchmark(
+        "load", tmp_path, "--clients", "4", "--requests", "20", "--size", "32", "--ngf", "8", timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     figures = json.loads((tmp_path / "reports" / "load.json").read_text())
     assert figures["requests"] == 80 and figures["errors"] == 0 and len(figures["latencies_ms"]) == 80

@@ -1,4 +1,5 @@
 """PSNR / SSIM / MSE equal scikit-image's on the same images, per image and averaged over a split; identity scores."""
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +13,11 @@ def skimage_scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, list[f
     ours = {"psnr": [], "ssim": [], "mse": []}
     for p, t in zip(pred.permute(0, 2, 3, 1).double().numpy(), target.permute(0, 2, 3, 1).double().numpy()):
         ours["psnr"].append(peak_signal_noise_ratio(t, p, data_range=1.0))
-        ours["ssim"].append(structural_similarity(t, p, data_range=1.0, channel_axis=-1, gaussian_weights=True,
-                                                  sigma=1.5, use_sample_covariance=False))
+        ours["ssim"].append(
+            structural_similarity(
+                t, p, data_range=1.0, channel_axis=-1, gaussian_weights=True, sigma=1.5, use_sample_covariance=False
+            )
+        )
         ours["mse"].append(mean_squared_error(t, p))
     return ours
 

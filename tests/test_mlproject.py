@@ -1,5 +1,6 @@
 """`mlflow run . --env-manager local -e <stage>` for real: an entry point runs its stage through `dvc exp run` with
 exactly the settings given (none: params.yaml as it is), so params.yaml, dvc.lock and the MLflow run agree."""
+
 import os
 import subprocess
 import sys
@@ -18,12 +19,22 @@ BIN = Path(sys.executable).parent
 
 
 def mlflow_run(repo: Path, uri: str, entry: str, *parameters: str) -> subprocess.CompletedProcess:
-    command = [str(BIN / "mlflow"), "run", str(repo), "--env-manager", "local", "--experiment-name", "mlproject-test",
-               "-e", entry]
+    command = [
+        str(BIN / "mlflow"),
+        "run",
+        str(repo),
+        "--env-manager",
+        "local",
+        "--experiment-name",
+        "mlproject-test",
+        "-e",
+        entry,
+    ]
     for parameter in parameters:
         command += ["-P", parameter]
-    return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    return subprocess.run(
+        command, cwd=repo, capture_output=True, text=True, timeout=600, env={**os.environ, "MLFLOW_TRACKING_URI": uri}
+    )
 
 
 def train_runs(uri: str) -> list:
@@ -33,8 +44,9 @@ def train_runs(uri: str) -> list:
 
 
 def dvc_status_clean(repo: Path) -> bool:
-    status = subprocess.run([str(BIN / "dvc"), "status", "--json", "train"], cwd=repo, capture_output=True, text=True,
-                            check=True)
+    status = subprocess.run(
+        [str(BIN / "dvc"), "status", "--json", "train"], cwd=repo, capture_output=True, text=True, check=True
+    )
     return yaml.safe_load(status.stdout) == {}
 
 

@@ -1,12 +1,17 @@
 """The networks: the paper's exact sizes, depth from the image size, norms, dropout, init, recomputation, saving."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.models.discriminator import (MultiScaleDiscriminator, PatchDiscriminator, layer_outputs,
-                                                  patch_layers)
+from thermal2visible.models.discriminator import (
+    MultiScaleDiscriminator,
+    PatchDiscriminator,
+    layer_outputs,
+    patch_layers,
+)
 from thermal2visible.models.generator import UNetGenerator, as_tested
 from thermal2visible.models.networks import GENERATORS
 from thermal2visible.models.payloads import load_generator, load_recognizer, save_generator
@@ -75,8 +80,9 @@ def test_resnet_dropout_sits_between_the_two_convolutions_of_every_block():
                 assert kinds.index(nn.Dropout) == kinds.index(nn.ReLU) + 1 < kinds.index(nn.Conv2d, 2)
     assert all(conv.bias is None for conv in generator.stages[:-1].modules() if isinstance(conv, nn.Conv2d))
     instance_norm = ResnetGenerator(1, 3, 32, ngf=4, norm="instance", dropout=0.5, recompute=False)
-    assert all(conv.bias is not None for conv in instance_norm.modules()
-               if isinstance(conv, (nn.Conv2d, nn.ConvTranspose2d)))
+    assert all(
+        conv.bias is not None for conv in instance_norm.modules() if isinstance(conv, (nn.Conv2d, nn.ConvTranspose2d))
+    )
 
 
 def test_bad_shapes_are_refused():
@@ -143,8 +149,11 @@ def test_norm_choice(norm, layer):
 
 def test_dropout_in_the_three_innermost_decoder_blocks():
     generator = UNetGenerator(1, 3, 64, ngf=4, dropout=0.5, norm="batch", recompute=False)
-    with_dropout = [level for level, block in enumerate(generator.decoder)
-                    if any(isinstance(m, nn.Dropout) and m.p == 0.5 for m in block.modules())]
+    with_dropout = [
+        level
+        for level, block in enumerate(generator.decoder)
+        if any(isinstance(m, nn.Dropout) and m.p == 0.5 for m in block.modules())
+    ]
     assert with_dropout == [3, 4, 5]  # of levels 0 (outermost) .. 5 (innermost)
     x = torch.rand(2, 1, 64, 64)
     with torch.no_grad():
@@ -187,8 +196,17 @@ def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path, kind):
     generator = GENERATORS[kind](1, 3, 32, ngf=4, norm="instance", dropout=0.5, recompute=False).train()
     generator.to(memory_format=torch.channels_last)
     path = tmp_path / "models" / "generator.pt"
-    save_generator(generator, path, test_mode="eval", epoch=7, psnr=21.5, psnr_smoothed=20.0, fingerprint=None,
-                   preprocess={"image_size": 32}, data_hash="abc")
+    save_generator(
+        generator,
+        path,
+        test_mode="eval",
+        epoch=7,
+        psnr=21.5,
+        psnr_smoothed=20.0,
+        fingerprint=None,
+        preprocess={"image_size": 32},
+        data_hash="abc",
+    )
     loaded, payload = load_generator(path)
     assert not loaded.training and type(loaded) is type(generator)
     assert payload["epoch"] == 7 and payload["model"] == {"generator": kind, **generator.config}
@@ -201,12 +219,15 @@ def test_saved_generator_loads_in_eval_mode_with_its_metadata(tmp_path, kind):
 
 def test_a_payload_from_before_the_generator_choice_loads_as_the_unet(tmp_path):
     generator = UNetGenerator(1, 3, 32, ngf=4, norm="batch", dropout=0.5, recompute=False)
-    torch.save({"state_dict": generator.state_dict(), "model": generator.config, "test_mode": "eval"},
-               tmp_path / "old.pt")
+    torch.save(
+        {"state_dict": generator.state_dict(), "model": generator.config, "test_mode": "eval"}, tmp_path / "old.pt"
+    )
     loaded, _ = load_generator(tmp_path / "old.pt")
     assert type(loaded) is UNetGenerator
-    torch.save({"state_dict": generator.state_dict(), "model": {"generator": "vae", **generator.config}},
-               tmp_path / "unknown.pt")
+    torch.save(
+        {"state_dict": generator.state_dict(), "model": {"generator": "vae", **generator.config}},
+        tmp_path / "unknown.pt",
+    )
     with pytest.raises(PipelineError, match="unknown.pt: not a generator.*'vae'"):
         load_generator(tmp_path / "unknown.pt")
 
@@ -222,8 +243,14 @@ def test_load_generator_errors_name_the_file(tmp_path):
 def test_recognizer_loads_frozen_for_the_same_identities(tmp_path):
     model = IdentityRecognizer(3, 4, width=4)
     path = tmp_path / "recognizer.pt"
-    torch.save({"identities": ["a", "b", "c", "d"], "state_dict": model.state_dict(),
-                "model": {"in_channels": 3, "num_identities": 4, "width": 4}}, path)
+    torch.save(
+        {
+            "identities": ["a", "b", "c", "d"],
+            "state_dict": model.state_dict(),
+            "model": {"in_channels": 3, "num_identities": 4, "width": 4},
+        },
+        path,
+    )
     loaded, digest = load_recognizer(path, ["a", "b", "c", "d"])
     assert not loaded.training and not any(weight.requires_grad for weight in loaded.parameters())
     assert loaded(torch.rand(2, 3, 16, 16)).shape == (2, 4) and len(digest) == 64

@@ -1,4 +1,5 @@
 """Pix2Pix LightningModule and Trainer construction: loss math, LR rules, precision, non-finite steps, identity loss."""
+
 import copy
 import dataclasses
 import math
@@ -16,8 +17,15 @@ from thermal2visible.config import SECTIONS, TrainConfig, added_later, marked, w
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
-from thermal2visible.training.module import (Pix2Pix, TrainingDiverged, adversarial_loss, feature_matching, gan_loss,
-                                             linear_decay, scaled_lr)
+from thermal2visible.training.module import (
+    Pix2Pix,
+    TrainingDiverged,
+    adversarial_loss,
+    feature_matching,
+    gan_loss,
+    linear_decay,
+    scaled_lr,
+)
 from thermal2visible.training import resume
 from thermal2visible.training.resume import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
@@ -31,8 +39,9 @@ RULES = ["alternating", "simultaneous"]  # train.update_rule
 
 
 def tiny_train(**changes) -> TrainConfig:
-    settings = dict(batch_size=2, precision="32-true", max_epochs=1, accelerator="cpu", channels_last=False,
-                    fused_adam=False)
+    settings = dict(
+        batch_size=2, precision="32-true", max_epochs=1, accelerator="cpu", channels_last=False, fused_adam=False
+    )
     return shipped("train", **(settings | changes))
 
 
@@ -44,8 +53,13 @@ def loader(count=4, batch_size=2, poison=(), size=SIZE):
         thermal = torch.rand(1, size, size, generator=generator) * 2 - 1
         if i in poison:
             thermal[0, 0, 0] = math.nan
-        samples.append({"thermal": thermal, "visible": torch.rand(3, size, size, generator=generator) * 2 - 1,
-                        "identity": torch.tensor(i % 2)})
+        samples.append(
+            {
+                "thermal": thermal,
+                "visible": torch.rand(3, size, size, generator=generator) * 2 - 1,
+                "identity": torch.tensor(i % 2),
+            }
+        )
     return DataLoader(samples, batch_size=batch_size)
 
 
@@ -90,8 +104,10 @@ def test_the_gan_loss_is_the_mean_of_the_scales_losses():
 
 def test_feature_matching_uses_pix2pixhd_weights():
     """Per scale 1/scales, per feature layer 4/(n_layers + 1) (the scale's feature count); the logits are left out."""
+
     def judged(offsets: list[list[float]]) -> list[list[torch.Tensor]]:
         return [[torch.full((2, 3, 4, 4), value) for value in scale] for scale in offsets]
+
     real = judged([[0.0] * 5, [0.0] * 4])
     fake = judged([[1.0, 2.0, 3.0, 4.0, 100.0], [1.0, 1.0, 1.0, 100.0]])  # the 100s are the logits
     expected = 0.5 * (4 / 4 * (1 + 2 + 3 + 4)) + 0.5 * (4 / 3 * (1 + 1 + 1))
@@ -127,13 +143,20 @@ def test_linear_decay_over_the_last_epochs():
     assert [round(decay(epoch), 3) for epoch in range(10)] == [1] * 7 + [0.75, 0.5, 0.25]
 
 
-@pytest.mark.parametrize("features, in_use, native", [
-    ({"avx2": True}, "AVX2", False),  # Zen 3: bf16 emulated, 10x slower
-    ({"avx512_f": True}, "AVX512", False),  # AVX-512 without BF16 (Skylake to Ice Lake): emulated too
-    ({"avx512_f": True, "avx512_bf16": True}, "AVX512", True),  # Zen 4/5, Cooper Lake
-    ({"avx512_f": True, "avx512_bf16": True}, "AVX2", False),  # the same under ATEN_CPU_CAPABILITY=avx2
-    ({"amx_bf16": True}, "AVX512", True), ({"avx_ne_convert": True}, "AVX2", True),  # AMX; AVX2-VNNI-2
-    ({"bf16": True}, "DEFAULT", True), ({"sve_bf16": True}, "SVE256", True), ({"sve": True}, "SVE256", False)])
+@pytest.mark.parametrize(
+    "features, in_use, native",
+    [
+        ({"avx2": True}, "AVX2", False),  # Zen 3: bf16 emulated, 10x slower
+        ({"avx512_f": True}, "AVX512", False),  # AVX-512 without BF16 (Skylake to Ice Lake): emulated too
+        ({"avx512_f": True, "avx512_bf16": True}, "AVX512", True),  # Zen 4/5, Cooper Lake
+        ({"avx512_f": True, "avx512_bf16": True}, "AVX2", False),  # the same under ATEN_CPU_CAPABILITY=avx2
+        ({"amx_bf16": True}, "AVX512", True),
+        ({"avx_ne_convert": True}, "AVX2", True),  # AMX; AVX2-VNNI-2
+        ({"bf16": True}, "DEFAULT", True),
+        ({"sve_bf16": True}, "SVE256", True),
+        ({"sve": True}, "SVE256", False),
+    ],
+)
 def test_native_bf16_from_the_cpu_features(features, in_use, native, monkeypatch):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: features)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: in_use)
@@ -190,11 +213,12 @@ def test_fp16_loss_scaling_goes_through_the_precision_plugin(rule):
     """16-mixed with a GradScaler (forced on CPU here): backward sees the scaled loss, the step unscales."""
     module = ScaleProbe(TINY_MODEL, tiny_train(update_rule=rule), SIZE, 1, 3)
     module.ratios = []
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
-    trainer = build_trainer(tiny_train(), precision=None, limit_train_batches=1,
-                            plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    trainer = build_trainer(
+        tiny_train(), precision=None, limit_train_batches=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]
+    )
     trainer.fit(module, train_dataloaders=loader())
-    assert module.ratios == pytest.approx([2.0 ** 10] * 2, rel=0.05)  # the D step, then the G step
+    assert module.ratios == pytest.approx([2.0**10] * 2, rel=0.05)  # the D step, then the G step
     assert scaler._growth_tracker.item() == 2  # both optimizer steps went through scaler.step/update
 
 
@@ -205,7 +229,8 @@ class GeneratorStepProbe(Pix2Pix):
         self.true, self.stepped, self.backwards = [], [], 0
         weight = next(self.generator.parameters())
         self.optimizers()[0].optimizer.register_step_pre_hook(
-            lambda *_: self.stepped.append(weight.grad.detach().float().clone()))
+            lambda *_: self.stepped.append(weight.grad.detach().float().clone())
+        )
 
     def manual_backward(self, loss, *args, **kwargs):
         self.backwards += 1
@@ -220,10 +245,11 @@ def test_generator_steps_with_its_true_gradient_when_the_loss_scale_changes_betw
     gradients were scaled before it, and must still reach G's step unscaled."""
     train = tiny_train(update_rule=rule, lambda_l1=1.0)  # L1 x 100 x 2^13 would overflow fp16
     module = GeneratorStepProbe(TINY_MODEL, train, SIZE, 1, 3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
     build_trainer(tiny_train(), precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]).fit(
-        module, train_dataloaders=loader())
-    assert scaler.get_scale() == 2.0 ** 14  # doubled after each of 2 x 2 optimizer steps
+        module, train_dataloaders=loader()
+    )
+    assert scaler.get_scale() == 2.0**14  # doubled after each of 2 x 2 optimizer steps
     for true, stepped in zip(module.true, module.stepped, strict=True):
         large = true.abs() > true.abs().max() * 0.1
         assert (stepped[large] / true.float()[large]).median().item() == pytest.approx(1.0, rel=0.05)
@@ -270,14 +296,17 @@ def test_the_bad_step_budget_is_not_reset_by_a_resume(tmp_path):
 
 def test_the_loss_scale_survives_a_resume(tmp_path):
     """16-mixed's GradScaler (forced on CPU here, as on a GPU): a resumed run keeps the scale it had reached."""
+
     def fp16(scaler):
         return dict(precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
-    grown = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+
+    grown = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
     build_trainer(tiny_train(), callbacks=[ModelCheckpoint(tmp_path, "last")], **fp16(grown)).fit(
-        Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), train_dataloaders=loader())
+        Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), train_dataloaders=loader()
+    )
     reached = grown.get_scale()
-    assert reached > 2.0 ** 10  # it grew (growth_interval 1): a fresh scaler would start lower
-    fresh = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+    assert reached > 2.0**10  # it grew (growth_interval 1): a fresh scaler would start lower
+    fresh = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
     resumed(Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), tmp_path / "last.ckpt", **fp16(fresh))
     assert fresh.get_scale() == reached
 
@@ -287,10 +316,16 @@ def test_validation_scores_are_fp32_scores_of_the_saved_weights_under_bf16_mixed
     evaluate scores, the fp32 generator on the same images."""
     from thermal2visible.data.datamodule import PairedDataModule, model_batch
 
-    data = PairedDataModule(tiny_cache, 4,
-                            shipped("loader", num_workers=0, pin_memory=False, preload=True, jitter=True))
-    module = Pix2Pix(TINY_MODEL, tiny_train(precision="bf16-mixed"), data.manifest["image_size"],
-                     data.thermal_channels, data.visible_channels)
+    data = PairedDataModule(
+        tiny_cache, 4, shipped("loader", num_workers=0, pin_memory=False, preload=True, jitter=True)
+    )
+    module = Pix2Pix(
+        TINY_MODEL,
+        tiny_train(precision="bf16-mixed"),
+        data.manifest["image_size"],
+        data.thermal_channels,
+        data.visible_channels,
+    )
     trainer = build_trainer(tiny_train(precision="bf16-mixed"), limit_train_batches=2)
     trainer.fit(module, datamodule=data)
     assert trainer.precision == "bf16-mixed"
@@ -338,8 +373,10 @@ class PoisonedThirdStep(Pix2Pix):
     def on_train_batch_start(self, batch, batch_idx):
         if batch_idx == 2:
             self.before = {name: value.clone() for name, value in self.state_dict().items()}
-            self.adam_before = {key: [value.clone() for value in state.values()]
-                                for key, state in self.optimizers()[1].optimizer.state_dict()["state"].items()}
+            self.adam_before = {
+                key: [value.clone() for value in state.values()]
+                for key, state in self.optimizers()[1].optimizer.state_dict()["state"].items()
+            }
 
     def generator_losses(self, *args):
         losses = super().generator_losses(*args)
@@ -351,14 +388,14 @@ class PoisonedThirdStep(Pix2Pix):
 @pytest.mark.parametrize("rule", RULES)
 def test_a_non_finite_step_after_good_ones_puts_back_weights_statistics_and_adam_moments(rule):
     module = PoisonedThirdStep(TINY_MODEL, tiny_train(max_bad_steps=5, update_rule=rule), SIZE, 1, 3)
-    build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=3).fit(
-        module, train_dataloaders=loader(count=6))
+    build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=3).fit(module, train_dataloaders=loader(count=6))
     assert module.bad_steps == 1
     assert [name for name, value in module.state_dict().items() if not torch.equal(value, module.before[name])] == []
     adam = module.optimizers()[1].optimizer.state_dict()["state"]
     assert len(adam) == len(module.adam_before) > 0
-    assert all(torch.equal(a, b)
-               for key, state in adam.items() for a, b in zip(state.values(), module.adam_before[key]))
+    assert all(
+        torch.equal(a, b) for key, state in adam.items() for a, b in zip(state.values(), module.adam_before[key])
+    )
 
 
 def test_identity_loss_uses_a_frozen_recognizer():
@@ -407,8 +444,10 @@ def test_feature_matching_of_a_perfect_generator_is_zero(rule):
     simultaneous: the one before its step), so a generated pair equal to the real one matches exactly."""
     module = Pix2Pix(TINY_MODEL, tiny_train(lambda_feat=1.0, update_rule=rule), SIZE, 3, 3)
     module.generator = Echo()
-    pairs = [{"thermal": image, "visible": image.clone(), "identity": torch.tensor(0)}
-             for image in torch.rand(4, 3, SIZE, SIZE) * 2 - 1]
+    pairs = [
+        {"thermal": image, "visible": image.clone(), "identity": torch.tensor(0)}
+        for image in torch.rand(4, 3, SIZE, SIZE) * 2 - 1
+    ]
     trainer = build_trainer(tiny_train(lambda_feat=1.0))
     trainer.fit(module, train_dataloaders=DataLoader(pairs, batch_size=2))
     assert trainer.callback_metrics["loss_feat"].item() == 0 and trainer.callback_metrics["loss_l1"].item() == 0
@@ -422,8 +461,10 @@ class CountedForwards(Pix2Pix):
         self.discriminator.register_forward_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
 
 
-@pytest.mark.parametrize("rule, lambda_feat, forwards", [("alternating", 0.0, 3), ("alternating", 1.0, 4),
-                                                         ("simultaneous", 0.0, 2), ("simultaneous", 1.0, 2)])
+@pytest.mark.parametrize(
+    "rule, lambda_feat, forwards",
+    [("alternating", 0.0, 3), ("alternating", 1.0, 4), ("simultaneous", 0.0, 2), ("simultaneous", 1.0, 2)],
+)
 def test_discriminator_forwards_per_step(rule, lambda_feat, forwards):
     """alternating: the D step's real and generated pairs, then the generated pair again for G's loss against the
     updated D (feature matching adds the real pair through that updated D). simultaneous: the real and the
@@ -483,8 +524,10 @@ def test_update_rules_take_the_steps_of_their_reference_code():
         G, D = copy.deepcopy(module.generator), PatchDiscriminator(4, model.ndf, model.norm, patch_layers(SIZE))
         D.load_state_dict(module.discriminator.state_dict())
         build_trainer(train).fit(module, train_dataloaders=loader())
-        opt_g, opt_d = (torch.optim.Adam(network.parameters(), lr, betas=(train.beta1, train.beta2))
-                        for network, lr in ((G, train.lr_g), (D, train.lr_d)))
+        opt_g, opt_d = (
+            torch.optim.Adam(network.parameters(), lr, betas=(train.beta1, train.beta2))
+            for network, lr in ((G, train.lr_g), (D, train.lr_d))
+        )
         for batch in loader():
             reference_step(G, D, opt_g, opt_d, batch["thermal"], batch["visible"], train.lambda_l1)
         for network, reference in ((module.generator, G), (module.discriminator, D)):
@@ -508,9 +551,17 @@ def changed(config, key: str):
     """`config` with another value of `key`, unvalidated (the fingerprint hashes values; it does not validate them).
     train.accelerator goes from auto to cpu: the same device on this machine, so the same precision for `auto`."""
     value = getattr(config, key)
-    other = "cpu" if key == "accelerator" else {
-        bool: lambda: not value, int: lambda: value + 1, float: lambda: value + 0.5, tuple: lambda: (*value, 0),
-        str: lambda: value + "-changed"}[type(value)]()
+    other = (
+        "cpu"
+        if key == "accelerator"
+        else {
+            bool: lambda: not value,
+            int: lambda: value + 1,
+            float: lambda: value + 0.5,
+            tuple: lambda: (*value, 0),
+            str: lambda: value + "-changed",
+        }[type(value)]()
+    )
     config = copy.copy(config)
     object.__setattr__(config, key, other)
     return config
@@ -532,8 +583,10 @@ def test_keys_added_later_keep_the_fingerprint_of_runs_from_before_them(monkeypa
     was, so a run begun before the upgrade continues from its last.ckpt."""
     base = SHIPPED
     now = run_fingerprint(base, "data-md5")
-    before = {section: tuple(key for key in keys if (section, key) not in added_later())
-              for section, keys in weight_defining().items()}
+    before = {
+        section: tuple(key for key in keys if (section, key) not in added_later())
+        for section, keys in weight_defining().items()
+    }
     for (section, key), value in added_later().items():
         assert getattr(getattr(base, section), key) == value, f"{section}.{key}"
         assert key in weight_defining()[section]

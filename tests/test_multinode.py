@@ -4,6 +4,7 @@ exactly as on two machines sharing the project folder; gloo on CPU, tiny params.
 Every rank prints its stop epoch and a digest of its generator's weights at the end (train.py does so whenever
 world size > 1); the digests must agree with each other and with the weights in rank 0's checkpoints/last.ckpt.
 """
+
 import hashlib
 import os
 import re
@@ -28,8 +29,9 @@ def digest_of_checkpoint(project: Path) -> str:
     config = torch.load(project / "models" / "generator.pt", weights_only=True)["model"]
     state = torch.load(project / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     generator = build_generator(config)
-    generator.load_state_dict({name.removeprefix("generator."): value for name, value in state.items()
-                               if name.startswith("generator.")})
+    generator.load_state_dict(
+        {name.removeprefix("generator."): value for name, value in state.items() if name.startswith("generator.")}
+    )
     digest = hashlib.sha256()
     for name, weight in generator.named_parameters():
         digest.update(name.encode() + weight.detach().float().numpy().tobytes())
@@ -42,11 +44,24 @@ def test_two_nodes_train_one_run_with_equal_weights_and_one_stop_decision(tmp_pa
     (tmp_path / "data" / "cache").symlink_to(tiny_cache)
     write_params(tmp_path, "train.max_epochs=4", "early_stop.window=1", "early_stop.patience=1")
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
-    env |= {"NNODES": "2", "NPROC_PER_NODE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}  # this venv's torchrun
-    nodes = [subprocess.Popen([str(REPO / "pipelines" / "launch" / "torchrun.sh"), "--set", "train.accelerator=cpu"],
-                              cwd=tmp_path, env=env | {"NODE_RANK": str(rank)}, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in (0, 1)]
+    env |= {
+        "NNODES": "2",
+        "NPROC_PER_NODE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    }  # this venv's torchrun
+    nodes = [
+        subprocess.Popen(
+            [str(REPO / "pipelines" / "launch" / "torchrun.sh"), "--set", "train.accelerator=cpu"],
+            cwd=tmp_path,
+            env=env | {"NODE_RANK": str(rank)},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for rank in (0, 1)
+    ]
     outputs = [node.communicate(timeout=360)[0] for node in nodes]
     for node, out in zip(nodes, outputs):
         assert node.returncode == 0, out

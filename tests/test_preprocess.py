@@ -1,4 +1,5 @@
 """prepare_thermal/prepare_visible, the split rules, and the cache the preprocess stage writes."""
+
 import dataclasses
 import json
 
@@ -11,8 +12,14 @@ from thermal2visible.config import stored_section
 from thermal2visible.data.cache import build_cache, load_manifest, load_split
 from thermal2visible.data.images import read_image
 from thermal2visible.data.ingest import ingest
-from thermal2visible.data.preprocess import (assign_splits, face_box, prepare_thermal, prepare_visible,
-                                             sequence_of, thermal_counts)
+from thermal2visible.data.preprocess import (
+    assign_splits,
+    face_box,
+    prepare_thermal,
+    prepare_visible,
+    sequence_of,
+    thermal_counts,
+)
 from shipped import shipped
 
 CFG = shipped("preprocess", image_size=16, face_crop=False, align=False)  # noise pairs share no outlines to align
@@ -21,7 +28,7 @@ CFG = shipped("preprocess", image_size=16, face_crop=False, align=False)  # nois
 def warm_blob(height=40, width=60, top=4, left=36, side=12):
     """A 16-bit thermal frame: cool room, one warm square."""
     frame = np.full((height, width), 29_500, np.uint16)
-    frame[top:top + side, left:left + side] = 30_800
+    frame[top : top + side, left : left + side] = 30_800
     return frame
 
 
@@ -163,8 +170,9 @@ def test_temperature_maps_normalise_by_the_fixed_range(tmp_path):
         frame[:4, :4] = 20.0 + 5 * k  # other content that percentile normalisation would react to
     visible = [np.zeros((16, 16, 3), np.uint8)] * 5
     write_pairs(tmp_path / "celsius", frames, visible, [f"{k}" for k in range(5)])
-    cfg = dataclasses.replace(CFG, thermal_norm="temperature", temperature_range=(20.0, 40.0),
-                              val_fraction=0.2, test_fraction=0.2)
+    cfg = dataclasses.replace(
+        CFG, thermal_norm="temperature", temperature_range=(20.0, 40.0), val_fraction=0.2, test_fraction=0.2
+    )
     for thermal, _, _ in cached(tmp_path / "celsius", cfg, tmp_path).values():
         np.testing.assert_allclose(thermal[:, 12:, 12:] / 65535, 0.5, atol=1e-4)
     with pytest.raises(PipelineError, match="float32 temperature map, but preprocess.fixed_range is in integer"):
@@ -173,8 +181,9 @@ def test_temperature_maps_normalise_by_the_fixed_range(tmp_path):
         prepare_thermal(warm_blob(), cfg)
 
 
-def test_preprocess_stage_names_a_frame_that_does_not_fit_the_norm_and_leaves_no_cache(tmp_path, write_params,
-                                                                                       run_stage_script):
+def test_preprocess_stage_names_a_frame_that_does_not_fit_the_norm_and_leaves_no_cache(
+    tmp_path, write_params, run_stage_script
+):
     write_params(tmp_path, "preprocess.thermal_norm=temperature")
     assert run_stage_script("synthesize.py", tmp_path).returncode == 0
     assert run_stage_script("ingest.py", tmp_path).returncode == 0
@@ -185,20 +194,26 @@ def test_preprocess_stage_names_a_frame_that_does_not_fit_the_norm_and_leaves_no
 
 
 def test_sequence_split_keeps_the_frames_of_a_video_together(tmp_path):
-    paths = [f"thermal/anna/walk_{k:04d}.png" for k in range(8)] + [f"thermal/clip{c}/{k:03d}.png"
-                                                                   for c in range(6) for k in range(4)]
+    paths = [f"thermal/anna/walk_{k:04d}.png" for k in range(8)] + [
+        f"thermal/clip{c}/{k:03d}.png" for c in range(6) for k in range(4)
+    ]
     assert sequence_of(paths[0]) == "thermal/anna/walk" and sequence_of(paths[-1]) == "thermal/clip5"
     sequences = [sequence_of(path) for path in paths]
-    splits = assign_splits([None] * len(paths), [None] * len(paths),
-                           dataclasses.replace(CFG, split_by="sequence"), sequences)
+    splits = assign_splits(
+        [None] * len(paths), [None] * len(paths), dataclasses.replace(CFG, split_by="sequence"), sequences
+    )
     split_of = {}
     for sequence, split in zip(sequences, splits):
         assert split_of.setdefault(sequence, split) == split
     assert set(splits) == {"train", "val", "test"}
     rng = np.random.default_rng(2)
     names = [f"clip{c}/{k:03d}" for c in range(6) for k in range(3)]
-    write_pairs(tmp_path / "clips", [rng.integers(0, 65535, (8, 8), dtype=np.uint16) for _ in names],
-                [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in names], names)
+    write_pairs(
+        tmp_path / "clips",
+        [rng.integers(0, 65535, (8, 8), dtype=np.uint16) for _ in names],
+        [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in names],
+        names,
+    )
     cached(tmp_path / "clips", dataclasses.replace(CFG, split_by="sequence"), tmp_path)
     sources = load_manifest(tmp_path / "cache-clips")["sources"]
     split_of_clip = {}

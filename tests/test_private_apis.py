@@ -1,5 +1,6 @@
 """Each private API of thermal2visible/private_apis.py, checked on the installed library: a failure names the library,
 its version and the API, so an upgrade that changes one fails here rather than somewhere downstream without a word."""
+
 import asyncio
 import importlib.metadata
 import json
@@ -16,8 +17,10 @@ from thermal2visible.private_apis import KeepsItsMessage, int8_matmul
 
 
 def changed(library: str, api: str, how: str) -> str:
-    return (f"{library} {importlib.metadata.version(library)}: {api} {how}; "
-            "update thermal2visible/private_apis.py (and what uses it)")
+    return (
+        f"{library} {importlib.metadata.version(library)}: {api} {how}; "
+        "update thermal2visible/private_apis.py (and what uses it)"
+    )
 
 
 def test_torch_int_mm_multiplies_int8_into_exact_int32():
@@ -53,10 +56,20 @@ def served_answer(model, body: dict) -> tuple[int, dict]:
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/invocations", "raw_path": b"/invocations", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
-             "server": ("127.0.0.1", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/invocations",
+        "raw_path": b"/invocations",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
     asyncio.run(scoring_server.init(model)(scope, receive, send))
     status = next(message["status"] for message in sent if message["type"] == "http.response.start")
     return status, json.loads(b"".join(message.get("body", b"") for message in sent))

@@ -3,6 +3,7 @@
 Each case is a real cache made by the data stages from the tiny set (with the split or the folders that make the
 run impossible) and a real `pipelines/train.py` run on it.
 """
+
 import os
 import shutil
 import subprocess
@@ -39,9 +40,11 @@ def caches(tiny_cache, tmp_path_factory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("refusals")
     raw = tiny_cache.parent / "raw"
     made = {}
-    for name, source, overrides in (("no_val", raw, ["preprocess.val_fraction=0"]),
-                                    ("one_val", raw, ["preprocess.val_fraction=0.01"]),
-                                    ("unlabelled", unlabelled_raw(raw, work / "unlabelled_raw"), [])):
+    for name, source, overrides in (
+        ("no_val", raw, ["preprocess.val_fraction=0"]),
+        ("one_val", raw, ["preprocess.val_fraction=0.01"]),
+        ("unlabelled", unlabelled_raw(raw, work / "unlabelled_raw"), []),
+    ):
         params = load_params(_write_params(work, *overrides))
         index, _ = ingest(source, "pairs", params.ingest)
         build_cache(index, params.preprocess, params.ingest.max_pixels, work / name, on_error="fail")
@@ -50,25 +53,43 @@ def caches(tiny_cache, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("cache, overrides, message", [
-    ("no_val", [], "the validation split is empty (the cache was made with preprocess.val_fraction: 0.0"),
-    ("one_val", ["train.devices=2"], "train.devices x num_nodes: each of the 2 processes validates its own share of "
-                                     "the 1 validation image(s)"),
-    ("unlabelled", ["train.lambda_id=1.0"], "train.lambda_id: 1.0 needs the identity of every training pair, but 4 "
-                                            "have no identity folder"),
-    ("one_val", ["train.batch_size=1", "train.devices=2"], "train.batch_size: 1 is not divisible by devices"),
-    # a generator stamped with settings its training images never went through would be served with them
-    ("unlabelled", ["preprocess.thermal_norm=fixed"], "preprocess.thermal_norm: 'fixed' in the params, but the cache "
-                                                      "was made with 'percentile'"),
-])
+@pytest.mark.parametrize(
+    "cache, overrides, message",
+    [
+        ("no_val", [], "the validation split is empty (the cache was made with preprocess.val_fraction: 0.0"),
+        (
+            "one_val",
+            ["train.devices=2"],
+            "train.devices x num_nodes: each of the 2 processes validates its own share of the 1 validation image(s)",
+        ),
+        (
+            "unlabelled",
+            ["train.lambda_id=1.0"],
+            "train.lambda_id: 1.0 needs the identity of every training pair, but 4 have no identity folder",
+        ),
+        ("one_val", ["train.batch_size=1", "train.devices=2"], "train.batch_size: 1 is not divisible by devices"),
+        # a generator stamped with settings its training images never went through would be served with them
+        (
+            "unlabelled",
+            ["preprocess.thermal_norm=fixed"],
+            "preprocess.thermal_norm: 'fixed' in the params, but the cache was made with 'percentile'",
+        ),
+    ],
+)
 def test_refused_before_the_first_epoch_naming_the_key(tmp_path, caches, write_params, cache, overrides, message):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(caches[cache])
     write_params(tmp_path, "train.max_epochs=50", "early_stop.window=1")
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     sets = [arg for override in overrides for arg in ("--set", override)]
-    result = subprocess.run([sys.executable, str(REPO / "pipelines" / "train.py"), *sets], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "pipelines" / "train.py"), *sets],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "mlflow.db").exists()  # nothing trained
 

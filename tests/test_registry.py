@@ -1,4 +1,5 @@
 """Registry through a real `mlflow server`: new versions, lineage tags, and the champion gate."""
+
 from __future__ import annotations
 
 import json
@@ -49,13 +50,16 @@ def onnx_model(tmp_path_factory, tiny_cache) -> Path:
     return export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
 
 
-@pytest.mark.parametrize("psnr, parity, champion, expected", [
-    (20.0, True, None, CHAMPION),         # the first model that passes parity
-    (20.0, False, None, CHALLENGER),      # failed parity never becomes champion
-    (20.0, True, 20.0, CHAMPION),         # a tie moves the champion to the newer model
-    (19.9, True, 20.0, CHALLENGER),
-    (30.0, False, 20.0, CHALLENGER),
-])
+@pytest.mark.parametrize(
+    "psnr, parity, champion, expected",
+    [
+        (20.0, True, None, CHAMPION),  # the first model that passes parity
+        (20.0, False, None, CHALLENGER),  # failed parity never becomes champion
+        (20.0, True, 20.0, CHAMPION),  # a tie moves the champion to the newer model
+        (19.9, True, 20.0, CHALLENGER),
+        (30.0, False, 20.0, CHALLENGER),
+    ],
+)
 def test_gate(psnr, parity, champion, expected):
     assert gate(psnr, parity, champion) == expected
 
@@ -65,10 +69,19 @@ def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, frames=No
     mlflow.set_experiment("registry-tests")
     with mlflow.start_run(run_name="train") as training:
         pass
-    return register(onnx_model, name=name, experiment="registry-tests", test_psnr=psnr, parity_passed=parity,
-                    metrics={"parity_max_abs_error": 1e-7}, max_pixels=1_000_000, max_model_pixels=1_048_576,
-                    training_manifest=None, frames=frames,
-                    lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None})
+    return register(
+        onnx_model,
+        name=name,
+        experiment="registry-tests",
+        test_psnr=psnr,
+        parity_passed=parity,
+        metrics={"parity_max_abs_error": 1e-7},
+        max_pixels=1_000_000,
+        max_model_pixels=1_048_576,
+        training_manifest=None,
+        frames=frames,
+        lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None},
+    )
 
 
 class Frames:
@@ -93,8 +106,14 @@ def test_gate_scores_the_champion_on_the_new_test_set(client, onnx_model):
     frames = Frames({"1": 18.0, "2": 19.0, "3": 17.0}, {})  # version -> PSNR on the new test frames
     better = add(onnx_model, "fair", 25.0, frames=frames)  # lower stored PSNR, better on the same frames
     assert better.alias == CHAMPION and frames.scored == [("models:/fair/2", "abc"), ("models:/fair/1", "abc")]
-    assert better.gate == {"basis": "same test set, same code", "champion_version": 1, "new_psnr": 19.0,
-                           "champion_psnr": 18.0, "frames": 3, "data_hash_differs": False}
+    assert better.gate == {
+        "basis": "same test set, same code",
+        "champion_version": 1,
+        "new_psnr": 19.0,
+        "champion_psnr": 18.0,
+        "frames": 3,
+        "data_hash_differs": False,
+    }
     tags = client.get_model_version("fair", "2").tags
     assert (tags["gate_new_psnr"], tags["gate_champion_psnr"], tags["gate_frames"]) == ("19.0", "18.0", "3")
     worse = add(onnx_model, "fair", 40.0, frames=frames)  # higher stored PSNR, worse on the same frames
@@ -109,13 +128,19 @@ def test_on_other_data_the_gate_leaves_out_the_frames_the_champion_trained_on(cl
     better = add(onnx_model, "moved", 21.0, frames=frames)
     assert frames.scored == [("models:/moved/2", "bc"), ("models:/moved/1", "bc")]  # frame a left out for both
     assert better.alias == CHALLENGER and better.gate == {
-        "basis": "the new test frames the champion never trained on, same code", "champion_version": 1,
-        "new_psnr": 19.0, "champion_psnr": 30.0, "frames": 2, "data_hash_differs": True}
+        "basis": "the new test frames the champion never trained on, same code",
+        "champion_version": 1,
+        "new_psnr": 19.0,
+        "champion_psnr": 30.0,
+        "frames": 2,
+        "data_hash_differs": True,
+    }
     promote(client, "moved", 2)
     # Version 2 trained on every new test frame: nothing left to compare on, so it stays champion, and says why.
     unseen = add(onnx_model, "moved", 50.0, frames=frames, data_hash="md5-of-newer-data")
-    assert unseen.alias == CHALLENGER and unseen.gate["basis"].startswith("not compared: the champion trained on "
-                                                                        "every new test frame")
+    assert unseen.alias == CHALLENGER and unseen.gate["basis"].startswith(
+        "not compared: the champion trained on every new test frame"
+    )
     assert client.get_model_version("moved", "3").tags["gate_basis"] == unseen.gate["basis"]
     promote(client, "moved", 3)
     # Version 3 was registered without its training manifest: which frames it saw is unknown.
@@ -160,8 +185,9 @@ def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
     assert version.tags["parity_passed"] == "true"
     assert "git_commit" not in version.tags  # None values are skipped, not written as "None"
     experiment = client.get_experiment_by_name("registry-tests").experiment_id
-    [packed_by] = client.search_runs([experiment], "attributes.run_name = 'register'",
-                                     order_by=["attributes.start_time DESC"], max_results=1)
+    [packed_by] = client.search_runs(
+        [experiment], "attributes.run_name = 'register'", order_by=["attributes.start_time DESC"], max_results=1
+    )
     assert packed_by.data.metrics == {"test_psnr": 21.5, "parity_max_abs_error": 1e-7}
     info = mlflow.models.get_model_info(f"models:/lineage/{added.version}")
     assert info.signature.inputs.input_names() == [IMAGE]
@@ -173,8 +199,11 @@ def run_register_stage(project: Path, tracking_uri: str, psnr: float) -> subproc
     (project / "metrics" / "eval.json").write_text(json.dumps({"generator": {"psnr": psnr, "ssim": 0.5}}))
     return subprocess.run(
         [sys.executable, str(REGISTER), "--params", str(ROOT / "params.yaml"), "--set", "register.model_name=staged"],
-        cwd=project, capture_output=True, text=True,
-        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
 
 
 def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path, write_params):
@@ -187,8 +216,13 @@ def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path, write_pa
     first = run_register_stage(tmp_path, tracking_uri, 22.0)
     assert first.returncode == 0, first.stderr
     assert json.loads((tmp_path / "metrics" / "register.json").read_text()) == {
-        "model_name": "staged", "version": 1, "alias": CHAMPION, "test_psnr": 22.0, "champion_psnr_before": None,
-        "gate": {"basis": "no champion yet"}}
+        "model_name": "staged",
+        "version": 1,
+        "alias": CHAMPION,
+        "test_psnr": 22.0,
+        "champion_psnr_before": None,
+        "gate": {"basis": "no champion yet"},
+    }
 
     # The same model with a lower stored PSNR: on the same frames it ties with the champion, so it moves the alias.
     second = run_register_stage(tmp_path, tracking_uri, 21.0)
@@ -231,8 +265,13 @@ def resplit_cache(tiny_cache: Path, folder: Path, write_params) -> Path:
 def test_register_stage_needs_evaluation(tracking_uri, onnx_model, tmp_path):
     (tmp_path / "models").mkdir()
     shutil.copy(onnx_model, tmp_path / "models" / "generator.onnx")
-    result = subprocess.run([sys.executable, str(REGISTER), "--params", str(ROOT / "params.yaml")], cwd=tmp_path,
-                            capture_output=True, text=True, env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri})
+    result = subprocess.run(
+        [sys.executable, str(REGISTER), "--params", str(ROOT / "params.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri},
+    )
     assert result.returncode == 1
     assert result.stderr.strip() == "error: metrics/export.json: missing (run the export stage first)"
 
@@ -263,8 +302,7 @@ def cache_of_kind(folder: Path, kind: str, write_params) -> Path:
 
 
 @pytest.mark.parametrize("kind", THERMAL_KINDS)
-def test_a_registered_model_carries_an_example_of_the_frames_it_was_trained_on(client, tmp_path, kind,
-                                                                              write_params):
+def test_a_registered_model_carries_an_example_of_the_frames_it_was_trained_on(client, tmp_path, kind, write_params):
     """A temperature-map model's example is a float map, a 16-bit model's 16-bit, an RGB model's RGB, and each
     predicts (registration checks it). Before, every grey model got a 16-bit example, which a temperature model
     refuses: MLflow logged a warning and registered it anyway."""
@@ -275,8 +313,10 @@ def test_a_registered_model_carries_an_example_of_the_frames_it_was_trained_on(c
     example = mlflow.pyfunc.load_model(uri).input_example
     sent = decode_image(base64.b64decode(example[IMAGE][0]), "example", 10_000)
     assert (sent.dtype, sent.shape[2:]) == (frame(0).dtype, frame(0).shape[2:])
-    assert f"trained on {kind.split()[0]} {'RGB' if 'RGB' in kind else 'grey'}" in \
-        mlflow.models.get_model_info(uri).metadata["input"]
+    assert (
+        f"trained on {kind.split()[0]} {'RGB' if 'RGB' in kind else 'grey'}"
+        in mlflow.models.get_model_info(uri).metadata["input"]
+    )
 
 
 def test_a_model_that_fails_on_its_own_example_is_not_registered(client, onnx_model, tmp_path):

@@ -1,5 +1,6 @@
 """What ties an MLflow run to its code, data and DVC experiment, checked on real stage runs in a fresh git + DVC
 repo."""
+
 import os
 import subprocess
 import sys
@@ -14,9 +15,12 @@ DVC = str(Path(sys.executable).with_name("dvc"))
 
 
 def recognizer_run(repo: Path, client: MlflowClient):
-    [run] = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id],
-                               "attributes.run_name = 'train_recognizer'", order_by=["attributes.start_time DESC"],
-                               max_results=1)
+    [run] = client.search_runs(
+        [client.get_experiment_by_name("thermal2visible").experiment_id],
+        "attributes.run_name = 'train_recognizer'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return run
 
 

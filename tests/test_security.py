@@ -2,6 +2,7 @@
 bounded requests. (The bad-input corpus, tests/test_bad_input_corpus.py, covers refused images, symlinks out of
 the dataset root, decompression bombs, REST errors without tracebacks or echoes.)
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,14 +23,23 @@ from tiny_model import export_tiny
 
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.models.payloads import load_generator, load_recognizer
-from thermal2visible.inference.serving import (ServingError, bad_request, decode_row, max_encoded_length,
-                                               pyfunc_arguments)
+from thermal2visible.inference.serving import (
+    ServingError,
+    bad_request,
+    decode_row,
+    max_encoded_length,
+    pyfunc_arguments,
+)
 from thermal2visible.tracking.store import tracking_uri
 from thermal2visible.training.resume import find_resume
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = [*(REPO / "src").rglob("*.py"), *(REPO / "pipelines").rglob("*.py"), *(REPO / "benchmarks").glob("*.py"),
-           *(REPO / "examples").glob("*.py")]
+SOURCES = [
+    *(REPO / "src").rglob("*.py"),
+    *(REPO / "pipelines").rglob("*.py"),
+    *(REPO / "benchmarks").glob("*.py"),
+    *(REPO / "examples").glob("*.py"),
+]
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -41,8 +51,12 @@ def listening_addresses(port: int) -> set[str]:
             address, hex_port = local.split(":")
             if state == "0A" and int(hex_port, 16) == port:
                 raw = bytes.fromhex(address)
-                found.add(socket.inet_ntop(socket.AF_INET if width == 8 else socket.AF_INET6,
-                                           b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))
+                found.add(
+                    socket.inet_ntop(
+                        socket.AF_INET if width == 8 else socket.AF_INET6,
+                        b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)),
+                    )
+                )
     return found
 
 
@@ -53,10 +67,19 @@ def test_mlflow_servers_listen_on_loopback_only_when_no_host_is_given(tmp_path, 
     with pyfunc_arguments(onnx_path, max_pixels=10_000, max_model_pixels=1_048_576) as arguments:
         mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     port = free_port()
-    tracking = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--port", str(port),
-                "--workers", "1"]
-    with running(tracking, "/health", port, tmp_path / "tracking.log",
-                 quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")):
+    tracking = [
+        MLFLOW,
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    with running(
+        tracking, "/health", port, tmp_path / "tracking.log", quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    ):
         assert listening_addresses(port) == {"127.0.0.1"}
     port = free_port()
     serving = [MLFLOW, "models", "serve", "-m", str(tmp_path / "pyfunc"), "--env-manager", "local", "-p", str(port)]
@@ -64,23 +87,32 @@ def test_mlflow_servers_listen_on_loopback_only_when_no_host_is_given(tmp_path, 
         assert listening_addresses(port) == {"127.0.0.1"}
     makefile = (REPO / "Makefile").read_text()
     assert "mlflow models serve" in makefile and "0.0.0.0" not in makefile
-    assert all("-h 127.0.0.1" in line for line in makefile.splitlines() if "mlflow models serve" in line
-               or "mlflow ui" in line)
+    assert all(
+        "-h 127.0.0.1" in line for line in makefile.splitlines() if "mlflow models serve" in line or "mlflow ui" in line
+    )
 
 
 def torch_load_calls() -> list[tuple[Path, ast.Call]]:
-    return [(path, node) for path in SOURCES for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load"]
+    return [
+        (path, node)
+        for path in SOURCES
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load"
+    ]
 
 
 def test_every_checkpoint_load_is_weights_only():
     calls = torch_load_calls()
     assert len(calls) >= 3  # resume.find_resume and load_generator, load_recognizer at least
     for path, call in calls:
-        assert any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in call.keywords), \
+        assert any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in call.keywords), (
             f"{path.relative_to(REPO)}:{call.lineno}: {ast.unparse(call)}"
-    fit = [node for node in ast.walk(ast.parse((REPO / "pipelines" / "train.py").read_text()))
-           if isinstance(node, ast.Call) and ast.unparse(node.func) == "trainer.fit"]
+        )
+    fit = [
+        node
+        for node in ast.walk(ast.parse((REPO / "pipelines" / "train.py").read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "trainer.fit"
+    ]
     assert fit and all("weights_only=True" in ast.unparse(call) for call in fit)  # Lightning's resume too
 
 
@@ -131,8 +163,10 @@ def encoded(pixels: np.ndarray, kind: str) -> str:
 def test_request_size_limit_refuses_before_decoding_yet_fits_every_valid_image():
     max_pixels = 10_000
     rng = np.random.default_rng(0)
-    widest = {"tiff": rng.integers(0, 65535, (max_pixels, 3), dtype=np.uint16),  # 16-bit RGB, uncompressed noise
-              "png": rng.integers(0, 255, (max_pixels, 3), dtype=np.uint8)}  # Pillow writes no 16-bit RGB PNG
+    widest = {
+        "tiff": rng.integers(0, 65535, (max_pixels, 3), dtype=np.uint16),  # 16-bit RGB, uncompressed noise
+        "png": rng.integers(0, 255, (max_pixels, 3), dtype=np.uint8),
+    }  # Pillow writes no 16-bit RGB PNG
     for kind, pixels in widest.items():
         for height, width in ((100, 100), (max_pixels, 1)):  # one pixel a row: the most per-row overhead
             value = encoded(pixels.reshape(height, width, 3), kind)

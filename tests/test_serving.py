@@ -1,4 +1,5 @@
 """REST serving: a real `mlflow models serve` of models:/served@champion from a real `mlflow server`."""
+
 from __future__ import annotations
 
 import base64
@@ -56,10 +57,12 @@ def decoded(value: str) -> np.ndarray:
 
 
 rng = np.random.default_rng(0)
-FRAMES = [png(rng.integers(0, 65535, (40, 56), dtype=np.uint16)),   # 16-bit, not square, bigger than the model
-          tiff(rng.integers(0, 65535, (20, 12), dtype=np.uint16)),  # 16-bit TIFF, smaller than the model
-          jpeg(rng.integers(0, 255, (33, 33), dtype=np.uint8)),     # 8-bit JPEG
-          png(rng.integers(0, 65535, (120, 160), dtype=np.uint16))]  # a Lepton's 160x120
+FRAMES = [
+    png(rng.integers(0, 65535, (40, 56), dtype=np.uint16)),  # 16-bit, not square, bigger than the model
+    tiff(rng.integers(0, 65535, (20, 12), dtype=np.uint16)),  # 16-bit TIFF, smaller than the model
+    jpeg(rng.integers(0, 255, (33, 33), dtype=np.uint8)),  # 8-bit JPEG
+    png(rng.integers(0, 65535, (120, 160), dtype=np.uint16)),
+]  # a Lepton's 160x120
 SIZES = [(40, 56), (20, 12), (33, 33), (120, 160)]
 
 
@@ -75,9 +78,18 @@ def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFu
     model = export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-        register(model, name="served", experiment="serving-tests", test_psnr=20.0, parity_passed=True,
-                 metrics={}, lineage={}, max_pixels=MAX_PIXELS,
-                 max_model_pixels=MAX_MODEL_PIXELS, training_manifest=tiny_cache / MANIFEST)
+        register(
+            model,
+            name="served",
+            experiment="serving-tests",
+            test_psnr=20.0,
+            parity_passed=True,
+            metrics={},
+            lineage={},
+            max_pixels=MAX_PIXELS,
+            max_model_pixels=MAX_MODEL_PIXELS,
+            training_manifest=tiny_cache / MANIFEST,
+        )
         return mlflow.pyfunc.load_model(MODEL_URI)
 
 
@@ -97,12 +109,16 @@ def test_health_endpoints(url):
     assert requests.get(f"{url}/version").text == mlflow.__version__
 
 
-@pytest.mark.parametrize("body", [
-    {"dataframe_split": {"columns": [IMAGE], "data": [[frame] for frame in FRAMES]}},
-    {"dataframe_records": [{IMAGE: frame} for frame in FRAMES]},
-    {"inputs": {IMAGE: FRAMES}},
-    {"instances": [{IMAGE: frame} for frame in FRAMES]},
-], ids=["dataframe_split", "dataframe_records", "inputs", "instances"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"dataframe_split": {"columns": [IMAGE], "data": [[frame] for frame in FRAMES]}},
+        {"dataframe_records": [{IMAGE: frame} for frame in FRAMES]},
+        {"inputs": {IMAGE: FRAMES}},
+        {"instances": [{IMAGE: frame} for frame in FRAMES]},
+    ],
+    ids=["dataframe_split", "dataframe_records", "inputs", "instances"],
+)
 def test_every_request_form_gives_the_in_process_pixels(url, in_process, body):
     response = invoke(url, body)
     assert response.status_code == 200, response.text
@@ -118,26 +134,55 @@ def bad_png_header() -> str:
     return to_base64(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("body, phrase", [
-    ({"dataframe_split": {"columns": [IMAGE], "data": [[FRAMES[0]], ["%%% not base64"]]}}, "row 1: not valid base64"),
-    ({"dataframe_records": [{IMAGE: to_base64(b"just some text, no image")}]}, "row 0: not a PNG, JPEG or TIFF"),
-    ({"dataframe_records": [{IMAGE: ""}]}, "row 0: empty file"),
-    ({"dataframe_records": [{IMAGE: bad_png_header()}]}, "row 0: truncated or corrupt PNG"),
-    ({"inputs": {IMAGE: [png(np.zeros((8, 8, 3), np.uint8))]}}, "row 0: thermal image has 3 channel(s); this model"),
-    ({"instances": [{IMAGE: png(np.zeros((8, 8, 4), np.uint8))}]}, "row 0: RGBA (4 channels) with 64 transparent"),
-    ({"inputs": {IMAGE: [tiff(np.full((8, 8), np.nan, np.float32))]}}, "row 0: 64 NaN/inf value(s), first at row 0"),
-    ({"dataframe_records": [{IMAGE: png(np.zeros((400, 300), np.uint8))}]},
-     f"row 0: 300x400 = 120000 pixels exceeds max_pixels {MAX_PIXELS} (refused before decoding)"),
-    ({"dataframe_split": {"columns": [IMAGE], "data": []}}, "no images: the 'image' column has 0 rows"),
-    ({"inputs": {IMAGE: []}}, "no images: the 'image' column has 0 rows"),
-    ({"dataframe_records": []}, "Model is missing inputs ['image']"),
-    ({"dataframe_records": [{"picture": FRAMES[0]}]}, "Model is missing inputs ['image']"),
-    ({"instances": [{"picture": FRAMES[0]}]}, "Model is missing inputs ['image']"),
-    ({"dataframe_records": [{IMAGE: 7}]}, "row 0: expected a base64 string, got int"),
-    ({"images": [FRAMES[0]]}, "dataframe_split"),  # no known request key: MLflow lists the accepted ones
-], ids=["not-base64", "not-an-image", "empty", "truncated", "rgb-for-grey-model", "rgba", "nan", "too-many-pixels",
-        "zero-rows", "zero-inputs", "empty-records", "wrong-column", "wrong-column-instances", "not-a-string",
-        "unknown-form"])
+@pytest.mark.parametrize(
+    "body, phrase",
+    [
+        (
+            {"dataframe_split": {"columns": [IMAGE], "data": [[FRAMES[0]], ["%%% not base64"]]}},
+            "row 1: not valid base64",
+        ),
+        ({"dataframe_records": [{IMAGE: to_base64(b"just some text, no image")}]}, "row 0: not a PNG, JPEG or TIFF"),
+        ({"dataframe_records": [{IMAGE: ""}]}, "row 0: empty file"),
+        ({"dataframe_records": [{IMAGE: bad_png_header()}]}, "row 0: truncated or corrupt PNG"),
+        (
+            {"inputs": {IMAGE: [png(np.zeros((8, 8, 3), np.uint8))]}},
+            "row 0: thermal image has 3 channel(s); this model",
+        ),
+        ({"instances": [{IMAGE: png(np.zeros((8, 8, 4), np.uint8))}]}, "row 0: RGBA (4 channels) with 64 transparent"),
+        (
+            {"inputs": {IMAGE: [tiff(np.full((8, 8), np.nan, np.float32))]}},
+            "row 0: 64 NaN/inf value(s), first at row 0",
+        ),
+        (
+            {"dataframe_records": [{IMAGE: png(np.zeros((400, 300), np.uint8))}]},
+            f"row 0: 300x400 = 120000 pixels exceeds max_pixels {MAX_PIXELS} (refused before decoding)",
+        ),
+        ({"dataframe_split": {"columns": [IMAGE], "data": []}}, "no images: the 'image' column has 0 rows"),
+        ({"inputs": {IMAGE: []}}, "no images: the 'image' column has 0 rows"),
+        ({"dataframe_records": []}, "Model is missing inputs ['image']"),
+        ({"dataframe_records": [{"picture": FRAMES[0]}]}, "Model is missing inputs ['image']"),
+        ({"instances": [{"picture": FRAMES[0]}]}, "Model is missing inputs ['image']"),
+        ({"dataframe_records": [{IMAGE: 7}]}, "row 0: expected a base64 string, got int"),
+        ({"images": [FRAMES[0]]}, "dataframe_split"),  # no known request key: MLflow lists the accepted ones
+    ],
+    ids=[
+        "not-base64",
+        "not-an-image",
+        "empty",
+        "truncated",
+        "rgb-for-grey-model",
+        "rgba",
+        "nan",
+        "too-many-pixels",
+        "zero-rows",
+        "zero-inputs",
+        "empty-records",
+        "wrong-column",
+        "wrong-column-instances",
+        "not-a-string",
+        "unknown-form",
+    ],
+)
 def test_bad_request_is_a_clear_400_and_the_server_keeps_serving(url, body, phrase):
     response = invoke(url, body)
     assert response.status_code == 400
@@ -155,7 +200,8 @@ def test_a_thin_frame_is_refused_before_any_work_and_the_server_keeps_serving(ur
     assert response.status_code == 400 and time.monotonic() - started < 5
     assert response.json()["message"] == (
         "row 1: a 8000x1 frame runs through the model at 256000x32 = 8192000 pixels (scaled by image_size 32 / its "
-        f"shorter side), over max_model_pixels {MAX_MODEL_PIXELS} (refused before translating)")
+        f"shorter side), over max_model_pixels {MAX_MODEL_PIXELS} (refused before translating)"
+    )
     started = time.monotonic()
     assert invoke(url, {"inputs": {IMAGE: FRAMES[:1]}}).status_code == 200 and time.monotonic() - started < 5
 
@@ -177,15 +223,16 @@ def test_body_that_is_not_json(url):
 def test_example_client(url, tmp_path):
     (tmp_path / "thermal.png").write_bytes(base64.b64decode(FRAMES[0]))
     client = [sys.executable, str(ROOT / "examples" / "client.py"), "--url", url]
-    done = subprocess.run([*client, str(tmp_path / "thermal.png"), str(tmp_path / "visible.png")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [*client, str(tmp_path / "thermal.png"), str(tmp_path / "visible.png")], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     assert decoded(to_base64((tmp_path / "visible.png").read_bytes())).shape == (*SIZES[0], 3)
     (tmp_path / "notes.png").write_text("not an image")
-    failed = subprocess.run([*client, str(tmp_path / "notes.png"), str(tmp_path / "out.png")],
-                            capture_output=True, text=True)
+    failed = subprocess.run(
+        [*client, str(tmp_path / "notes.png"), str(tmp_path / "out.png")], capture_output=True, text=True
+    )
     assert failed.returncode == 1 and "HTTP 400" in failed.stderr and "not a PNG, JPEG or TIFF" in failed.stderr
-
 
 
 def test_make_serve_listens_where_params_yaml_says(in_process, tracking_uri, tmp_path):
@@ -209,8 +256,9 @@ print(json.dumps({"files": [module.__file__ for name, module in sys.modules.item
                   "torch": "torch" in sys.modules}))"""
 
 
-def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(in_process, tracking_uri, tmp_path,
-                                                                            monkeypatch):
+def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(
+    in_process, tracking_uri, tmp_path, monkeypatch
+):
     """Its code/ holds serving.py and what it imports, laid out as the package: no training, tracking or dev module
     (the studies, test servers, UI). Loaded and run in a fresh process where the project is importable too, every
     project module it imports comes from that packed code, and torch is never imported."""
@@ -219,12 +267,22 @@ def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(in_p
     code = local / "code" / PACKAGE.name
     packed = sorted(str(path.relative_to(code)) for path in code.rglob("*") if path.is_file())
     assert packed == sorted(PACKED)
-    assert {"inference/serving.py", "inference/frames.py", "inference/session.py", "data/preprocess.py",
-            "config.py"} <= set(packed)
-    assert not [name for name in packed if name.split("/")[0] in ("training", "tracking", "dev")
-                or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "experiment.py", "cli.py")]
-    done = subprocess.run([sys.executable, "-c", IMPORTED, str(local), FRAMES[0]], capture_output=True, text=True,
-                          timeout=120)
+    assert {
+        "inference/serving.py",
+        "inference/frames.py",
+        "inference/session.py",
+        "data/preprocess.py",
+        "config.py",
+    } <= set(packed)
+    assert not [
+        name
+        for name in packed
+        if name.split("/")[0] in ("training", "tracking", "dev")
+        or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "experiment.py", "cli.py")
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTED, str(local), FRAMES[0]], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     imported = json.loads(done.stdout.splitlines()[-1])
     assert imported["files"] and all(Path(file).is_relative_to(code) for file in imported["files"]), imported["files"]
@@ -236,9 +294,20 @@ def test_translate_cli_with_the_registered_champion(url, tracking_uri, tmp_path)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "frame.png").write_bytes(base64.b64decode(FRAMES[0]))
     done = subprocess.run(
-        [sys.executable, str(ROOT / "pipelines" / "translate.py"), "--model", MODEL_URI,
-         "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")], capture_output=True, text=True,
-        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
+        [
+            sys.executable,
+            str(ROOT / "pipelines" / "translate.py"),
+            "--model",
+            MODEL_URI,
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
     assert done.returncode == 0, done.stderr
     served = invoke(url, {"dataframe_records": [{IMAGE: FRAMES[0]}]}).json()["predictions"][0][IMAGE]
     assert (tmp_path / "out" / "frame.png").read_bytes() == base64.b64decode(served)
@@ -251,12 +320,19 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     (project / "data" / "cache").symlink_to(tiny_cache)
-    write_params(project, "model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10",
-                 "early_stop.window=1")
+    write_params(
+        project, "model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10", "early_stop.window=1"
+    )
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     for stage in ("train.py", "export.py"):
-        done = subprocess.run([sys.executable, str(ROOT / "pipelines" / stage)], cwd=project, env=env,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "pipelines" / stage)],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
     with pyfunc_arguments(project / "models" / "generator.onnx", MAX_PIXELS, MAX_MODEL_PIXELS) as arguments:
@@ -288,11 +364,10 @@ def test_three_faces_side_by_side_come_back_each_in_its_place(in_process, tiny_c
     raw = tiny_cache.parent / "raw" / "thermal"
     faces = [read_image(sorted((raw / f"person_{k:02d}").iterdir())[0], 10**6) for k in (0, 1, 2)]
     side = faces[0].shape[1]
-    alone = [decoded(in_process.predict(pd.DataFrame({IMAGE: [png(face)]}))[IMAGE][0]).astype(float)
-             for face in faces]
+    alone = [decoded(in_process.predict(pd.DataFrame({IMAGE: [png(face)]}))[IMAGE][0]).astype(float) for face in faces]
     together = decoded(in_process.predict(pd.DataFrame({IMAGE: [png(np.hstack(faces))]}))[IMAGE][0]).astype(float)
     assert together.shape == (side, 3 * side, 3)
     for third in range(3):
-        part = together[:, third * side:(third + 1) * side]
+        part = together[:, third * side : (third + 1) * side]
         distances = [np.abs(part - translation).mean() for translation in alone]
         assert int(np.argmin(distances)) == third, distances

@@ -1,4 +1,5 @@
 """The built-in dataset: deterministic, 16-bit radiometric thermal, thermal a function of the scene only."""
+
 import dataclasses
 
 import numpy as np
@@ -19,8 +20,9 @@ def test_same_seed_same_bytes_other_seed_other_images(tmp_path):
     synthesize(SMALL, tmp_path / "b")
     synthesize(dataclasses.replace(SMALL, seed=8), tmp_path / "c")
     first, again, other = (file_bytes(tmp_path / name) for name in "abc")
-    assert sorted(first) == [f"{kind}/person_{p:02d}/{i:03d}.png" for kind in ("thermal", "visible")
-                             for p in range(2) for i in range(3)]
+    assert sorted(first) == [
+        f"{kind}/person_{p:02d}/{i:03d}.png" for kind in ("thermal", "visible") for p in range(2) for i in range(3)
+    ]
     assert first == again
     assert first.keys() == other.keys() and all(first[name] != other[name] for name in first)
 
@@ -66,23 +68,25 @@ def test_the_face_is_warm_the_nose_and_glasses_are_cold():
     light = shot(5)[1]
     bare = render(face, scene, light, 64)[0] / 100 - 273.15
     glasses = render(dataclasses.replace(face, glasses=True), scene, light, 64)[0] / 100 - 273.15
-    assert bare[0, 0] < scene.room_temp + 1.5                           # background: the room
+    assert bare[0, 0] < scene.room_temp + 1.5  # background: the room
     cheek = bare[28, 32 + round(face.half_width * 64 * 0.5)]
-    assert abs(cheek - face.skin_temp) < 1.5                             # skin
+    assert abs(cheek - face.skin_temp) < 1.5  # skin
     nose_tip = bare[28 + round(0.28 * face.half_height * face.nose_length * 64), 32]
-    assert nose_tip < cheek - 0.5                                        # a cooler nose tip
+    assert nose_tip < cheek - 0.5  # a cooler nose tip
     colder = (bare - glasses) > 5
     rows = np.nonzero(colder.any(axis=1))[0]
-    assert colder.sum() > 10 and rows.max() < 32                         # lenses opaque to heat, over the eyes
-    assert ((glasses - bare) < 0.5).all()                                # glasses warm nothing up
+    assert colder.sum() > 10 and rows.max() < 32  # lenses opaque to heat, over the eyes
+    assert ((glasses - bare) < 0.5).all()  # glasses warm nothing up
 
 
 def test_camera_scene_writes_wide_frames_in_sequences(tmp_path):
-    camera = dataclasses.replace(SMALL, identities=1, images_per_identity=4, scene="camera", aspect=1.25,
-                                 sequence_length=2)
+    camera = dataclasses.replace(
+        SMALL, identities=1, images_per_identity=4, scene="camera", aspect=1.25, sequence_length=2
+    )
     assert synthesize(camera, tmp_path) == 4
-    assert sorted(file_bytes(tmp_path / "thermal")) == [f"person_00/seq{s}_{f:03d}.png" for s in range(2)
-                                                        for f in range(2)]
+    assert sorted(file_bytes(tmp_path / "thermal")) == [
+        f"person_00/seq{s}_{f:03d}.png" for s in range(2) for f in range(2)
+    ]
     thermal = imread(tmp_path / "thermal/person_00/seq0_000.png") / 100 - 273.15
     assert thermal.shape == (32, 40) and imread(tmp_path / "visible/person_00/seq0_000.png").shape == (32, 40, 3)
     assert thermal.max() > 45 and thermal.min() < 10  # the radiator and the window, beside a ~35 °C face
@@ -93,5 +97,5 @@ def test_parallax_moves_only_the_visible_camera():
     thermal, visible = render(face, scene, light, 64)
     thermal_offset, visible_offset = render(face, scene, light, 64, parallax=(4.0, 0.0, 1.0))
     np.testing.assert_array_equal(thermal, thermal_offset)
-    differences = [np.abs(visible_offset[:, 8:-8].astype(int) - visible[:, 8 - k:56 - k]).mean() for k in range(9)]
+    differences = [np.abs(visible_offset[:, 8:-8].astype(int) - visible[:, 8 - k : 56 - k]).mean() for k in range(9)]
     assert int(np.argmin(differences)) == 4  # the visible picture moved 4 px to the right

@@ -3,6 +3,7 @@
 Two runs of the whole tiny pipeline in two clones give the same dvc.lock (every tracked output the same bytes:
 no run id, timestamp or seconds in them); after `dvc push`, a fresh clone's `dvc pull` leaves nothing to run.
 """
+
 import difflib
 import os
 import subprocess

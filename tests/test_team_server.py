@@ -5,6 +5,7 @@ password in the URI, which must appear in no output, param or tag.
 Skipped where PostgreSQL's server programs (initdb, pg_ctl) or the psycopg driver are missing. PostgreSQL refuses
 to run as root: as root the cluster runs as the `postgres` user (runuser).
 """
+
 from __future__ import annotations
 
 import glob
@@ -59,12 +60,34 @@ def postgres():
     port = free_port()
     data, log = folder / "data", folder / "postgres.log"
     try:
-        subprocess.run(as_postgres(PG_BIN / "initdb", "-D", data, "-U", "mlflow", "--pwfile", folder / "password",
-                                   "--auth", "scram-sha-256", "--no-sync"), check=True, capture_output=True)
-        subprocess.run(as_postgres(PG_BIN / "pg_ctl", "-D", data, "-l", log, "-w", "start", "-o",
-                                   f"-h 127.0.0.1 -p {port} -k {folder}"), check=True, capture_output=True)
-        subprocess.run([PG_BIN / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "mlflow", "mlflow"],
-                       check=True, env=os.environ | {"PGPASSWORD": PASSWORD})
+        subprocess.run(
+            as_postgres(
+                PG_BIN / "initdb",
+                "-D",
+                data,
+                "-U",
+                "mlflow",
+                "--pwfile",
+                folder / "password",
+                "--auth",
+                "scram-sha-256",
+                "--no-sync",
+            ),
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            as_postgres(
+                PG_BIN / "pg_ctl", "-D", data, "-l", log, "-w", "start", "-o", f"-h 127.0.0.1 -p {port} -k {folder}"
+            ),
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [PG_BIN / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "mlflow", "mlflow"],
+            check=True,
+            env=os.environ | {"PGPASSWORD": PASSWORD},
+        )
         yield port
     finally:
         subprocess.run(as_postgres(PG_BIN / "pg_ctl", "-D", data, "-m", "immediate", "stop"), capture_output=True)
@@ -86,9 +109,14 @@ def project_ready_to_register(root: Path, tiny_cache: Path, write_params) -> Pat
 
 
 def register_stage(project: Path, tracking_uri: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "pipelines" / "register.py"), *args], cwd=project, text=True,
-                          capture_output=True, timeout=300,
-                          env=quiet_env(MLFLOW_TRACKING_URI=tracking_uri))
+    return subprocess.run(
+        [sys.executable, str(REPO / "pipelines" / "register.py"), *args],
+        cwd=project,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        env=quiet_env(MLFLOW_TRACKING_URI=tracking_uri),
+    )
 
 
 @pytest.mark.timeout(400)
@@ -97,8 +125,20 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
     # The README's recipe: the password in PGPASSWORD (or ~/.pgpass), not in the URI that `ps` shows everyone.
     database = f"postgresql://mlflow@127.0.0.1:{postgres}/mlflow"
     port = free_port()
-    server = [MLFLOW, "server", "--backend-store-uri", database, "--artifacts-destination",
-              str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    server = [
+        MLFLOW,
+        "server",
+        "--backend-store-uri",
+        database,
+        "--artifacts-destination",
+        str(tmp_path / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     env = quiet_env(PGPASSWORD=PASSWORD, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     with running(server, "/health", port, tmp_path / "mlflow-server.log", env) as tracking_uri:
         done = register_stage(project, tracking_uri)
@@ -110,8 +150,9 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
         # The version's files by their location on the server: MLflow resolves a models:/ URI through the process's
         # global registry URI, whatever tracking_uri is passed, so it would ask an earlier test's store.
         location = client.get_model_version_download_uri("thermal2visible", version.version)
-        downloaded = mlflow.artifacts.download_artifacts(location, tracking_uri=tracking_uri,
-                                                          dst_path=str(tmp_path / "download"))
+        downloaded = mlflow.artifacts.download_artifacts(
+            location, tracking_uri=tracking_uri, dst_path=str(tmp_path / "download")
+        )
         assert (Path(downloaded) / "MLmodel").is_file()  # served by the server from its artifact store
         assert list((tmp_path / "artifacts").rglob("generator.onnx"))
 
@@ -122,8 +163,14 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
     done = register_stage(project, direct, "--set", "mlflow.experiment=direct-to-postgres")
     assert done.returncode == 1 and "its files cannot be read through MLFLOW_TRACKING_URI" in done.stderr
     assert "Traceback" not in done.stderr and PASSWORD not in done.stdout + done.stderr
-    done = register_stage(project, direct, "--set", "mlflow.experiment=direct-to-postgres",
-                          "--set", "register.model_name=direct-thermal2visible")
+    done = register_stage(
+        project,
+        direct,
+        "--set",
+        "mlflow.experiment=direct-to-postgres",
+        "--set",
+        "register.model_name=direct-thermal2visible",
+    )
     assert done.returncode == 0, done.stderr
     assert "version 1 as @champion" in done.stdout and PASSWORD not in done.stdout + done.stderr
     client = MlflowClient(direct)

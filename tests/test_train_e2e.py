@@ -1,4 +1,5 @@
 """train -> evaluate as DVC runs them (subprocesses in a project dir) on the tiny cache, with a real MLflow store."""
+
 import csv
 import json
 import os
@@ -13,14 +14,28 @@ from thermal2visible.models.payloads import load_generator
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 # Reliable on the tiny set in seconds: L1 dominates (the GAN term only sharpens), small batches give many steps.
-TINY_TRAINING = ("train.max_epochs=80", "train.batch_size=2", "train.lr_g=0.001", "train.lambda_l1=1000",
-                 "early_stop.window=5", "early_stop.patience=20", "model.dropout=0.0", "train.image_log_every=40")
+TINY_TRAINING = (
+    "train.max_epochs=80",
+    "train.batch_size=2",
+    "train.lr_g=0.001",
+    "train.lambda_l1=1000",
+    "early_stop.window=5",
+    "early_stop.patience=20",
+    "model.dropout=0.0",
+    "train.image_log_every=40",
+)
 
 
 def run(script: str, project: Path, *args: str) -> subprocess.CompletedProcess:
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
-    return subprocess.run([sys.executable, str(REPO / "pipelines" / script), *args], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=280)
+    return subprocess.run(
+        [sys.executable, str(REPO / "pipelines" / script), *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
 
 
 @pytest.fixture
@@ -57,8 +72,10 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     assert (project / "reports" / "eval_grid.png").is_file()
 
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
-    runs = {run.info.run_name: run for run in client.search_runs(
-        [client.get_experiment_by_name("thermal2visible").experiment_id])}
+    runs = {
+        run.info.run_name: run
+        for run in client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
+    }
     train_run = runs["train"]
     # tracked files hold the run's fingerprint, never its run id: the run is found by that tag
     assert payload["fingerprint"] == summary["fingerprint"] == train_run.data.tags["fingerprint"]
@@ -66,7 +83,8 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     assert float(train_run.data.tags["train_seconds"]) > 0 and "seconds" not in summary
     assert train_run.data.params["train.lambda_l1"] == "1000.0" and train_run.data.tags["data_hash"]
     assert [m.step for m in client.get_metric_history(train_run.info.run_id, "loss_g")] == list(
-        range(1, summary["epochs_run"] + 1))  # one point per epoch, stepped by epoch
+        range(1, summary["epochs_run"] + 1)
+    )  # one point per epoch, stepped by epoch
     assert {a.path for a in client.list_artifacts(train_run.info.run_id)} >= {"generator.pt", "psnr_curve.png"}
     assert runs["evaluate"].data.metrics["test_psnr"] == pytest.approx(scores["generator"]["psnr"])
     assert runs["evaluate"].data.metrics["identity_rank1_accuracy_generator"] == pytest.approx(identity["generator"])
@@ -80,8 +98,14 @@ def test_identity_loss_without_identities_or_recognizer_fails_clearly(project, w
 
 
 def test_diverging_settings_stop_with_a_clear_error(project, write_params):
-    write_params(project, "train.lr_g=1.0e+30", "train.lr_d=1.0e+30", "train.max_bad_steps=0",
-                 "train.precision=32-true", "early_stop.window=1")
+    write_params(
+        project,
+        "train.lr_g=1.0e+30",
+        "train.lr_d=1.0e+30",
+        "train.max_bad_steps=0",
+        "train.precision=32-true",
+        "early_stop.window=1",
+    )
     result = run("train.py", project)
     assert result.returncode == 1 and "training diverged" in result.stderr and "Traceback" not in result.stderr
     assert not (project / "models" / "generator.pt").exists()
@@ -99,6 +123,8 @@ def test_recognizer_feeds_the_identity_loss(project, write_params):
     trained = run("train.py", project)
     assert trained.returncode == 0, trained.stdout + trained.stderr
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
-    runs = {run.info.run_name: run for run in client.search_runs(
-        [client.get_experiment_by_name("thermal2visible").experiment_id])}
+    runs = {
+        run.info.run_name: run
+        for run in client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
+    }
     assert runs["train"].data.metrics["loss_id"] > 0 and "val_accuracy" in runs["train_recognizer"].data.metrics

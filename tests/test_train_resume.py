@@ -5,6 +5,7 @@ must continue from checkpoints/last.ckpt with the same MLflow run, no epoch repe
 history, and the very weights of a run that was never interrupted. Which params keep last.ckpt and which start
 afresh is tested here too.
 """
+
 import csv
 import json
 import os
@@ -25,8 +26,15 @@ EPOCHS = 40  # tiny epochs take ~0.1 s: enough of them that each interruption la
 def start(project: Path, *args: str) -> subprocess.Popen:
     """train.py in its own session: a SIGKILL of its process group reaches every DDP rank, as a node failure would."""
     env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
-    return subprocess.Popen([sys.executable, str(REPO / "pipelines" / "train.py"), *args], cwd=project, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "pipelines" / "train.py"), *args],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def epochs_in_checkpoint(project: Path) -> int:
@@ -58,8 +66,13 @@ def interrupt_after(process: subprocess.Popen, project: Path, epochs: int, how: 
     return process.communicate(timeout=120)[0]
 
 
-SETTINGS = (f"train.max_epochs={EPOCHS}", "early_stop.window=2", f"early_stop.patience={EPOCHS}",
-            "train.image_log_every=3", "train.batch_size=2")
+SETTINGS = (
+    f"train.max_epochs={EPOCHS}",
+    "early_stop.window=2",
+    f"early_stop.patience={EPOCHS}",
+    "train.image_log_every=3",
+    "train.batch_size=2",
+)
 
 
 def project(root: Path, tiny_cache: Path, write_params, *overrides: str) -> Path:
@@ -133,8 +146,16 @@ def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, 
     short = ("train.max_epochs=2", "early_stop.window=1")
     root = project(tmp_path, tiny_cache, write_params, *short)
     finish(start(root))
-    write_params(root, *SETTINGS, *short, "train.image_log_every=1", "loader.num_workers=1", "loader.pin_memory=true",
-                 "loader.preload=false", "model.recompute=true")
+    write_params(
+        root,
+        *SETTINGS,
+        *short,
+        "train.image_log_every=1",
+        "loader.num_workers=1",
+        "loader.pin_memory=true",
+        "loader.preload=false",
+        "model.recompute=true",
+    )
     assert "continued from checkpoints/last.ckpt" in finish(start(root))
     write_params(root, *SETTINGS, *short, "loader.jitter=false")
     output = finish(start(root))
@@ -142,12 +163,17 @@ def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, 
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("overrides", [
-    pytest.param(("loader.num_workers=1", "loader.preload=false"), id="crops drawn in loader workers"),
-    pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
-    pytest.param(("model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10"),
-                 id="ResNet generator, 2-scale D, feature matching"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(("loader.num_workers=1", "loader.preload=false"), id="crops drawn in loader workers"),
+        pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
+        pytest.param(
+            ("model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10"),
+            id="ResNet generator, 2-scale D, feature matching",
+        ),
+    ],
+)
 def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, tiny_cache, write_params, overrides):
     settings = ("train.max_epochs=6", *overrides)
     uninterrupted = project(tmp_path / "uninterrupted", tiny_cache, write_params, *settings)
@@ -162,8 +188,15 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, tiny_cache,
 @pytest.mark.timeout(300)
 def test_a_time_budget_ends_the_run_and_a_resumed_run_spends_only_what_is_left(tmp_path, tiny_cache, write_params):
     # min_epochs 3: a slow moment of the machine cannot end the run before the moving average exists
-    root = project(tmp_path, tiny_cache, write_params, "train.max_minutes=0.05", "train.max_epochs=1000",
-                   "train.min_epochs=3", "early_stop.patience=1000")
+    root = project(
+        tmp_path,
+        tiny_cache,
+        write_params,
+        "train.max_minutes=0.05",
+        "train.max_epochs=1000",
+        "train.min_epochs=3",
+        "early_stop.patience=1000",
+    )
     finish(start(root))
     stopped = json.loads((root / "metrics" / "train.json").read_text())["stopped_epoch"]
     assert 2 <= stopped < 1000  # 3 s of ~0.1 s epochs

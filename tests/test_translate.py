@@ -1,4 +1,5 @@
 """Batch translation CLI: every image of a folder, same pixels as REST, bad files named."""
+
 from __future__ import annotations
 
 import base64
@@ -61,9 +62,22 @@ def frames(tmp_path_factory) -> Path:
 
 
 def run_translate(model: str | Path, source: Path, target: Path, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TRANSLATE), "--model", str(model), "--input", str(source),
-                           "--output", str(target), *options], capture_output=True, text=True,
-                          env=os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true"})
+    return subprocess.run(
+        [
+            sys.executable,
+            str(TRANSLATE),
+            "--model",
+            str(model),
+            "--input",
+            str(source),
+            "--output",
+            str(target),
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
 
 
 def pixels(data: bytes) -> np.ndarray:
@@ -115,11 +129,14 @@ def test_bad_file_is_named_and_the_rest_translated(onnx_model, frames, tmp_path)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["good.png"]
 
 
-@pytest.mark.parametrize("model, folder, message", [
-    ("missing.onnx", "frames", "error: missing.onnx: no such ONNX file"),
-    ("{onnx}", "nowhere", "no such input folder"),
-    ("{onnx}", "empty", "no images (.png, .jpg, .jpeg, .tif, .tiff) found"),
-])
+@pytest.mark.parametrize(
+    "model, folder, message",
+    [
+        ("missing.onnx", "frames", "error: missing.onnx: no such ONNX file"),
+        ("{onnx}", "nowhere", "no such input folder"),
+        ("{onnx}", "empty", "no images (.png, .jpg, .jpeg, .tif, .tiff) found"),
+    ],
+)
 def test_bad_arguments_say_what_is_wrong(onnx_model, frames, tmp_path, model, folder, message):
     (tmp_path / "empty").mkdir()
     source = frames if folder == "frames" else tmp_path / folder
@@ -153,6 +170,7 @@ def test_video_round_trips_frame_count_size_and_rate(onnx_model, pyfunc_dir, tmp
 
 class Stretch:
     """A known-answer frame translator: the frame stretched from its own min..max to 0..255 (grey)."""
+
     in_channels, max_pixels = 1, 10**6
 
     def check_work(self, height: int, width: int, where: str) -> None:

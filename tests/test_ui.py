@@ -1,5 +1,6 @@
 """The MLflow UI as a person sees it, in real headless Chromium over a real `mlflow ui` on a tiny pipeline's store:
 the training run in the model-training view, its dataset, its smoothed-PSNR curve, and its registered version."""
+
 import os
 import shutil
 import subprocess
@@ -13,15 +14,25 @@ from thermal2visible.paths import CACHE
 from thermal2visible.tracking.store import data_hash
 from thermal2visible.dev.ui import CHARTS, experiment_page, mlflow_ui, render, run_page, version_page
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("chromium"), reason=(
-    "Debian's chromium is not installed (.ci/run installs it where apt-get works): the UI is not rendered"))]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not shutil.which("chromium"),
+        reason=("Debian's chromium is not installed (.ci/run installs it where apt-get works): the UI is not rendered"),
+    ),
+]
 
 
 def test_training_run_dataset_smoothed_psnr_and_registered_version_show_in_the_ui(project_copy, tmp_path):
     repo = project_copy
     uri = f"sqlite:///{repo / 'mlflow.db'}"
-    subprocess.run([str(Path(sys.executable).with_name("dvc")), "repro"], cwd=repo, check=True, capture_output=True,
-                   env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    subprocess.run(
+        [str(Path(sys.executable).with_name("dvc")), "repro"],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+    )
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("thermal2visible").experiment_id
     [train] = client.search_runs([experiment], "attributes.run_name = 'train'")
@@ -31,8 +42,9 @@ def test_training_run_dataset_smoothed_psnr_and_registered_version_show_in_the_u
     with mlflow_ui(uri, tmp_path) as base:
         runs = render(experiment_page(base, experiment), tmp_path / "experiment.png")
         overview = render(run_page(base, experiment, train.info.run_id), tmp_path / "run.png")
-        curves = render(run_page(base, experiment, train.info.run_id, "model-metrics"), tmp_path / "metrics.png",
-                        **CHARTS)
+        curves = render(
+            run_page(base, experiment, train.info.run_id, "model-metrics"), tmp_path / "metrics.png", **CHARTS
+        )
         registered = render(version_page(base, "thermal2visible", version.version), tmp_path / "version.png")
 
     assert "Model training" in runs and "train_recognizer" in runs and f"cache ({digest[:8]}" in runs

@@ -3,6 +3,7 @@
 Shapes come from the cache's manifest, so the model fits the real cached images; a few training-mode
 passes give batch norm running statistics that differ from the identity, so eval mode matters in export.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,16 +21,31 @@ from thermal2visible.tracking.store import data_hash
 
 def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, kind: str = "unet") -> Path:
     manifest = json.loads((cache / MANIFEST).read_text())
-    model = {"generator": kind, "in_channels": manifest["thermal_channels"],
-             "out_channels": manifest["visible_channels"], "image_size": manifest["image_size"], "ngf": ngf,
-             "norm": "batch", "dropout": 0.5}
+    model = {
+        "generator": kind,
+        "in_channels": manifest["thermal_channels"],
+        "out_channels": manifest["visible_channels"],
+        "image_size": manifest["image_size"],
+        "ngf": ngf,
+        "norm": "batch",
+        "dropout": 0.5,
+    }
     torch.manual_seed(seed)
     generator = build_generator(model).train()
     with torch.no_grad():
         for batch in np.array_split(cache_to_model_input(np.load(cache / "train_thermal.npy")), 2):
             generator(torch.from_numpy(batch))
-    save_generator(generator, path, test_mode="eval", preprocess=manifest["preprocess"], epoch=0, psnr_smoothed=0.0,
-                   psnr=0.0, fingerprint=f"fingerprint-{seed}", data_hash=data_hash(cache))
+    save_generator(
+        generator,
+        path,
+        test_mode="eval",
+        preprocess=manifest["preprocess"],
+        epoch=0,
+        psnr_smoothed=0.0,
+        psnr=0.0,
+        fingerprint=f"fingerprint-{seed}",
+        data_hash=data_hash(cache),
+    )
     return path
 
 

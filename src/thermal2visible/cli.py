@@ -1,5 +1,6 @@
 """The one entry shape of every pipeline stage: `--params`, repeated `--preset params/NAME.yaml` and
 `--set section.key=value`, clean errors."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,17 +18,30 @@ def quiet_lightning() -> None:
     """Keep a stage's output to what it says: Lightning's advertising tips and a deprecation inside Lightning
     itself (its own pytree helper, on every fit) tell a user nothing they can act on."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: not record.getMessage().startswith("💡 Tip:"))
+        lambda record: not record.getMessage().startswith("💡 Tip:")
+    )
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def run_stage(main: Callable[[Params], object], description: str | None = None) -> None:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="FILE",
-                        help="apply a preset from params/ (repeatable), before any --set")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one parameter (repeatable), as `dvc exp run -S` does")
+    parser.add_argument(
+        "--preset",
+        dest="presets",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="apply a preset from params/ (repeatable), before any --set",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one parameter (repeatable), as `dvc exp run -S` does",
+    )
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")

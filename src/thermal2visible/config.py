@@ -4,6 +4,7 @@ The schema below declares types and, on each key of the sections training reads,
 weights; it holds no values. params.yaml (with a preset or `-S` overrides over it) holds every value, so a key missing
 there is an error, not a default. Settings stored with a model or cache by an older version are read through
 `stored_section`, the one place that upgrades them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -194,8 +195,9 @@ class Params:
     def flat(self, *sections: str) -> dict[str, object]:
         """`section.key` -> value for the named sections (all when none), as MLflow params want them."""
         names = sections or tuple(f.name for f in dataclasses.fields(self))
-        return {f"{name}.{key}": value for name in names
-                for key, value in dataclasses.asdict(getattr(self, name)).items()}
+        return {
+            f"{name}.{key}": value for name in names for key, value in dataclasses.asdict(getattr(self, name)).items()
+        }
 
 
 SECTIONS: dict[str, type] = typing.get_type_hints(Params)
@@ -208,15 +210,20 @@ def marked(section: str, mark: str) -> dict[str, object]:
 
 def weight_defining() -> dict[str, tuple[str, ...]]:
     """Per section training reads, the keys that define the trained weights (read from the marks above)."""
-    keys = {section: tuple(key for key, defines in marked(section, "weights").items() if defines)
-            for section in SECTIONS}
+    keys = {
+        section: tuple(key for key, defines in marked(section, "weights").items() if defines) for section in SECTIONS
+    }
     return {section: names for section, names in keys.items() if names}
 
 
 def added_later() -> dict[tuple[str, str], object]:
     """(section, key) -> the value every run and model stored before the key existed had."""
-    return {(section, key): before for section in SECTIONS
-            for key, before in marked(section, "before").items() if before is not NEVER_ABSENT}
+    return {
+        (section, key): before
+        for section in SECTIONS
+        for key, before in marked(section, "before").items()
+        if before is not NEVER_ABSENT
+    }
 
 
 def stored_section(section: str, settings: dict):
@@ -226,10 +233,15 @@ def stored_section(section: str, settings: dict):
     try:
         return TypeAdapter(SECTIONS[section]).validate_json(json.dumps(upgraded))
     except ValidationError as error:
-        raise ConfigError("\n".join(
-            f"stored {section}.{problem['loc'][0]}: missing (written before this key existed; run the stage that "
-            "wrote the file again)" if problem["type"] == "missing" else f"stored {_reason(problem, (section,))}"
-            for problem in error.errors())) from None
+        raise ConfigError(
+            "\n".join(
+                f"stored {section}.{problem['loc'][0]}: missing (written before this key existed; run the stage that "
+                "wrote the file again)"
+                if problem["type"] == "missing"
+                else f"stored {_reason(problem, (section,))}"
+                for problem in error.errors()
+            )
+        ) from None
 
 
 def _annotation(location: tuple) -> object:
@@ -259,8 +271,12 @@ def _reason(problem: dict, within: tuple = ()) -> str:
         return f"{where}: missing (params.yaml holds a value for every key; the shipped params.yaml has them all)"
     if kind == "literal_error":
         return f"{where}: {value!r} is not one of {list(typing.get_args(annotation))}"
-    expected = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
-                "string_type": "a string"}.get(kind)
+    expected = {
+        "int_type": "an integer",
+        "float_type": "a number",
+        "bool_type": "true or false",
+        "string_type": "a string",
+    }.get(kind)
     return f"{where}: expected {expected}, got {value!r}" if expected else f"{where}: {problem['msg']}"
 
 
@@ -268,15 +284,21 @@ def _check(params: Params) -> None:
     """Rules that span more than one value."""
     size, m = params.preprocess.image_size, params.model
     if m.generator == "unet" and (size < 16 or size & (size - 1)):
-        raise ConfigError(f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1; "
-                          "model.generator: resnet takes any multiple of 4)")
+        raise ConfigError(
+            f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1; "
+            "model.generator: resnet takes any multiple of 4)"
+        )
     if m.generator == "resnet" and (size < 16 or size % 4):
-        raise ConfigError(f"preprocess.image_size: {size} must be a multiple of 4 >= 16 for model.generator: resnet "
-                          "(it halves the image twice and doubles it back)")
+        raise ConfigError(
+            f"preprocess.image_size: {size} must be a multiple of 4 >= 16 for model.generator: resnet "
+            "(it halves the image twice and doubles it back)"
+        )
     if size >> (m.discriminator_scales - 1) < 16:
-        raise ConfigError(f"model.discriminator_scales: {m.discriminator_scales} scales of a {size} px image "
-                          f"(preprocess.image_size) leave the coarsest at {size >> (m.discriminator_scales - 1)} px, "
-                          "under the 16 px a PatchGAN needs")
+        raise ConfigError(
+            f"model.discriminator_scales: {m.discriminator_scales} scales of a {size} px image "
+            f"(preprocess.image_size) leave the coarsest at {size >> (m.discriminator_scales - 1)} px, "
+            "under the 16 px a PatchGAN needs"
+        )
     p = params.preprocess
     if not 0 <= p.val_fraction < 1 or not 0 <= p.test_fraction < 1 or p.val_fraction + p.test_fraction >= 1:
         raise ConfigError("preprocess.val_fraction/test_fraction: each in [0, 1) and their sum < 1")
@@ -301,18 +323,26 @@ def _check(params: Params) -> None:
     if params.early_stop.window < 1 or params.early_stop.patience < 1:
         raise ConfigError("early_stop.window/patience: must be >= 1")
     if params.early_stop.window > t.max_epochs:
-        raise ConfigError(f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs "
-                          f"{t.max_epochs}, so no smoothed PSNR (and no best model) would ever exist")
+        raise ConfigError(
+            f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs "
+            f"{t.max_epochs}, so no smoothed PSNR (and no best model) would ever exist"
+        )
     if params.serve.max_model_pixels < size * size:
-        raise ConfigError(f"serve.max_model_pixels: {params.serve.max_model_pixels} is less than one "
-                          f"{size}x{size} training square (preprocess.image_size): every frame would be refused")
+        raise ConfigError(
+            f"serve.max_model_pixels: {params.serve.max_model_pixels} is less than one "
+            f"{size}x{size} training square (preprocess.image_size): every frame would be refused"
+        )
     z = params.synthesize
     if z.aspect < 1 or z.sequence_length < 1 or z.parallax[2] <= 0:
-        raise ConfigError(f"synthesize.aspect ({z.aspect}) must be >= 1, synthesize.sequence_length "
-                          f"({z.sequence_length}) >= 1 and synthesize.parallax's scale ({z.parallax[2]}) > 0")
+        raise ConfigError(
+            f"synthesize.aspect ({z.aspect}) must be >= 1, synthesize.sequence_length "
+            f"({z.sequence_length}) >= 1 and synthesize.parallax's scale ({z.parallax[2]}) > 0"
+        )
     if z.scene == "portrait" and (z.aspect != 1 or z.sequence_length != 1):
-        raise ConfigError("synthesize.scene: portrait frames are square single shots (aspect 1, sequence_length 1); "
-                          "wide frames in sequences are synthesize.scene: camera")
+        raise ConfigError(
+            "synthesize.scene: portrait frames are square single shots (aspect 1, sequence_length 1); "
+            "wide frames in sequences are synthesize.scene: camera"
+        )
     if p.align_max_residual <= 0:
         raise ConfigError(f"preprocess.align_max_residual: {p.align_max_residual} must be > 0 (pixels)")
     if p.jitter_scale < 1:
@@ -353,6 +383,7 @@ def preset_overrides(path: str | Path) -> list[str]:
         if isinstance(value, str) and " " not in value and yaml.safe_load(value) == value:
             return value
         return json.dumps(value, separators=(",", ":"))
+
     return [f"{section}.{key}={text(value)}" for section, keys in raw.items() for key, value in (keys or {}).items()]
 
 
@@ -372,6 +403,7 @@ def load_params(path: str | Path = PARAMS, overrides: typing.Sequence[str] = ())
 if __name__ == "__main__":
     # `dvc exp run $(python -m thermal2visible.config params/paper_gpu.yaml)`: a preset as `-S section.key=value`
     import sys
+
     try:
         print(" ".join(f"-S {override}" for preset in sys.argv[1:] for override in preset_overrides(preset)))
     except ConfigError as error:

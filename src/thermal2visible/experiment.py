@@ -5,6 +5,7 @@ it in dvc.lock and a DVC experiment, so params.yaml, dvc.lock and the MLflow run
 Nothing is passed that the user did not give: with no settings the stage runs with params.yaml as it is.
 Usage: python -m thermal2visible.experiment STAGE|all ["section.key=value ..."]
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,10 @@ def dvc_command(stage: str, settings: str) -> list[str]:
 def main(argv: list[str]) -> None:
     if len(argv) not in (2, 3):
         # `mlflow run -P name=value` with a name MLproject does not declare arrives here as `--name value`
-        sys.exit("error: the only MLproject parameter is set, e.g. -P set=\"train.batch_size=16 train.max_epochs=50\"\n"
-                 + __doc__.rstrip().rpartition("\n")[2])
+        sys.exit(
+            'error: the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"\n'
+            + __doc__.rstrip().rpartition("\n")[2]
+        )
     # The stages run `python` from PATH: make it this interpreter's environment even where the venv is not active.
     bin_dir = str(Path(sys.executable).parent)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")

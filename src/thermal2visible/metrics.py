@@ -5,6 +5,7 @@ Every score is per image on [0,1] images, then averaged over images, and equals 
 peak_signal_noise_ratio / structural_similarity (Wang et al.: gaussian window sigma 1.5, population covariance)
 / mean_squared_error on the same image (tests/test_metrics.py checks it).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable
@@ -38,8 +39,9 @@ def frame_psnr(predicted: np.ndarray, real: np.ndarray) -> float:
     return float(psnr(*(torch.from_numpy(nchw(unit(frame))) for frame in (predicted, real)))[0])
 
 
-def full_frame_psnr(translate: Callable[[np.ndarray], np.ndarray],
-                    pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> float:
+def full_frame_psnr(
+    translate: Callable[[np.ndarray], np.ndarray], pairs: Iterable[tuple[np.ndarray, np.ndarray]]
+) -> float:
     """Mean `frame_psnr` of `translate(thermal)` (e.g. inference.frames.translate_frame) against the real visible
     frames, at their full size."""
     return float(np.mean([frame_psnr(translate(thermal), visible) for thermal, visible in pairs]))
@@ -47,8 +49,9 @@ def full_frame_psnr(translate: Callable[[np.ndarray], np.ndarray],
 
 def ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """(B,C,H,W) in [0,1] -> (B,) SSIM."""
-    _, full = structural_similarity_index_measure(pred, target, data_range=1.0, sigma=SSIM_SIGMA,
-                                                  return_full_image=True)
+    _, full = structural_similarity_index_measure(
+        pred, target, data_range=1.0, sigma=SSIM_SIGMA, return_full_image=True
+    )
     inside = full[..., SSIM_BORDER:-SSIM_BORDER, SSIM_BORDER:-SSIM_BORDER]
     return inside.mean(dim=(1, 2, 3))
 

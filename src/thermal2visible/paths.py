@@ -1,5 +1,6 @@
 """Where every stage reads and writes, relative to the project folder. dvc.yaml names the same paths
 (tests/test_dvc_pipeline.py checks that they agree)."""
+
 from pathlib import Path
 
 RAW = Path("data/raw")

@@ -5,6 +5,7 @@ The generator reads and writes float32 NCHW in [-1, 1]. The cache writer, prepro
 and figures convert through here, so an 8-bit and a 16-bit image of the same scene reach the model as the same
 numbers, and a 16-bit visible image can never be read as 255x too bright.
 """
+
 from __future__ import annotations
 
 import numpy as np

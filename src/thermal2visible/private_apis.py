@@ -6,6 +6,7 @@ API does the same (issue 19 replaced the others: Lightning's DDPStrategy interna
 MLflow's `Dataset._to_mlflow_entity` by `to_dict`, torch's mkldnn bf16 probe by `torch.cpu.get_capabilities`,
 `torch._foreach_copy_`/`_foreach_mul_` by per-tensor `copy_`/`mul_`, `torch._dynamo.reset` by `torch.compiler.reset`).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -12,6 +12,7 @@ pairs, its shift the median of the pairs' shifts. A pair's residual is how far i
 rig's, in thermal pixels: a pair the rig transform cannot lay onto its partner (a wrong partner, a moved camera)
 stands out by it. README "Your own data" gives the measurements behind each choice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,21 +29,22 @@ from thermal2visible.data.preprocess import normalise_frame
 from thermal2visible.errors import PipelineError
 from thermal2visible.pixels import quantise, unit
 
-WORK_SIDE = 128        # frames are compared at most this big (shorter side): precise enough, fast on big frames
-ESTIMATE_PAIRS = 24    # training pairs the rig is estimated from, evenly spread: the rig is one for all
-COARSE_SCALES = np.linspace(0.85, 1.15, 31)          # 1 % steps over +-15 %, then 0.1 % steps around the best
+WORK_SIDE = 128  # frames are compared at most this big (shorter side): precise enough, fast on big frames
+ESTIMATE_PAIRS = 24  # training pairs the rig is estimated from, evenly spread: the rig is one for all
+COARSE_SCALES = np.linspace(0.85, 1.15, 31)  # 1 % steps over +-15 %, then 0.1 % steps around the best
 COARSE_ROTATIONS = np.deg2rad(np.linspace(-3, 3, 7))  # 1 degree steps, then 0.1 degree steps
 FINE_STEPS = np.linspace(-1, 1, 21)
-SUBPIXEL = 20          # phase correlation's upsampling: shifts to 1/20 px
-REGISTERED_PX = 0.5    # a rig moving no pixel farther than this is registered already: resampling would only blur
+SUBPIXEL = 20  # phase correlation's upsampling: shifts to 1/20 px
+REGISTERED_PX = 0.5  # a rig moving no pixel farther than this is registered already: resampling would only blur
 
 
 @dataclass(frozen=True)
 class Rig:
     """visible pixel = scale * R(rotation) (thermal pixel - frame centre) + frame centre + shift, in pixels
     (x, y) = (column, row): where the visible camera saw what the thermal camera saw at a pixel."""
+
     scale: float
-    rotation: float    # radians
+    rotation: float  # radians
     shift: tuple[float, float]
 
     def matrix(self, height: int, width: int) -> np.ndarray:
@@ -60,8 +62,11 @@ class Rig:
         return float(np.abs(moved - corners).max())
 
     def as_dict(self) -> dict:
-        return {"scale": self.scale, "rotation_degrees": float(np.rad2deg(self.rotation)),
-                "shift_px": [float(v) for v in self.shift]}
+        return {
+            "scale": self.scale,
+            "rotation_degrees": float(np.rad2deg(self.rotation)),
+            "shift_px": [float(v) for v in self.shift],
+        }
 
     @staticmethod
     def from_dict(stored: dict) -> "Rig":
@@ -154,21 +159,23 @@ Frames = tuple[np.ndarray, np.ndarray]  # (thermal, visible) as decoded
 @dataclass(frozen=True)
 class Registration:
     """What the training pairs say about the rig, and what preprocess does with it."""
+
     estimated: Rig
-    applied: Rig | None          # None: frames left as they are (align off, or the rig is registered already)
-    residuals: list[float]       # per pair, thermal pixels, measured after `applied`
-    refused: list[int]           # pairs whose residual exceeds preprocess.align_max_residual (align on only)
+    applied: Rig | None  # None: frames left as they are (align off, or the rig is registered already)
+    residuals: list[float]  # per pair, thermal pixels, measured after `applied`
+    refused: list[int]  # pairs whose residual exceeds preprocess.align_max_residual (align on only)
 
 
-def register(pairs: Sequence[dict], splits: Sequence[str], read: Callable[[dict], Frames],
-             cfg: PreprocessConfig) -> Registration:
+def register(
+    pairs: Sequence[dict], splits: Sequence[str], read: Callable[[dict], Frames], cfg: PreprocessConfig
+) -> Registration:
     """Estimate the rig from the training pairs, decide whether to apply it, and measure every pair against it.
     One transform for the whole dataset: a rig's parallax and field of view are fixed by its mount and lenses,
     and a single sequence (a few near-identical frames) would pin it down less well than all training pairs."""
     training = [pair for pair, split in zip(pairs, splits) if split == "train"]
     if not training:
         raise PipelineError("preprocess.align: no training pairs to estimate the camera rig from")
-    training = [read(pair) for pair in training[::max(1, len(training) // ESTIMATE_PAIRS)][:ESTIMATE_PAIRS]]
+    training = [read(pair) for pair in training[:: max(1, len(training) // ESTIMATE_PAIRS)][:ESTIMATE_PAIRS]]
     estimated = estimate_rig(training, cfg)
     height, width = training[0][0].shape[:2]
     applied = estimated if cfg.align and estimated.displacement(height, width) > REGISTERED_PX else None
@@ -186,6 +193,7 @@ def aligned(frames: Frames, rig: Rig | None) -> Frames:
 def overlay(frames: Sequence[Frames], rig: Rig | None, cfg: PreprocessConfig) -> np.ndarray:
     """uint8 RGB rows of pairs, before | after: thermal in magenta, visible in green, so what lies in register is
     grey and what does not shows coloured fringes."""
+
     def blend(thermal: np.ndarray, visible: np.ndarray) -> np.ndarray:
         heat = normalise_frame(thermal, cfg)[0].mean(axis=2)
         pixels = unit(visible)
@@ -193,7 +201,9 @@ def overlay(frames: Sequence[Frames], rig: Rig | None, cfg: PreprocessConfig) ->
         return np.stack([heat, grey, heat], axis=-1)
 
     frames = [pair for pair in frames if pair[0].shape[:2] == frames[0][0].shape[:2]]  # one picture, one size
-    rows = [np.concatenate([blend(*pair), np.ones((pair[0].shape[0], 2, 3)), blend(*aligned(pair, rig))], axis=1)
-            for pair in frames]
+    rows = [
+        np.concatenate([blend(*pair), np.ones((pair[0].shape[0], 2, 3)), blend(*aligned(pair, rig))], axis=1)
+        for pair in frames
+    ]
     gap = np.ones((2, rows[0].shape[1], 3))
     return quantise(np.concatenate([part for row in rows for part in (row, gap)][:-1], axis=0), np.uint8)

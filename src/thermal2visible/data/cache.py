@@ -3,6 +3,7 @@
 Integers keep the cache small (and the loader moving little); .npy files memory-map, so a dataset larger than
 memory still loads. Arrays are written in place with `open_memmap` rather than stacked in memory first.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,13 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
 from thermal2visible.data.align import Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair
-from thermal2visible.data.preprocess import (assign_splits, check_thermal_kind, prepare_thermal, prepare_visible,
-                                             sequence_of)
+from thermal2visible.data.preprocess import (
+    assign_splits,
+    check_thermal_kind,
+    prepare_thermal,
+    prepare_visible,
+    sequence_of,
+)
 from thermal2visible.paths import MANIFEST
 from thermal2visible.pixels import quantise
 
@@ -32,12 +38,19 @@ def jitter_side(cfg: PreprocessConfig) -> int:
 
 def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list[dict]:
     """The pairs the rig cannot align, by file and residual, as reports/align.json and the error name them."""
-    return [{"thermal": (root / pairs[i]["thermal"]).as_posix(), "visible": (root / pairs[i]["visible"]).as_posix(),
-             "residual_px": registration.residuals[i]} for i in registration.refused]
+    return [
+        {
+            "thermal": (root / pairs[i]["thermal"]).as_posix(),
+            "visible": (root / pairs[i]["visible"]).as_posix(),
+            "residual_px": registration.residuals[i],
+        }
+        for i in registration.refused
+    ]
 
 
-def _registered(root: Path, pairs: list[dict], splits: list[str], read, cfg: PreprocessConfig,
-                on_error: str) -> tuple[list[dict], list[str], list[float], dict, Rig | None]:
+def _registered(
+    root: Path, pairs: list[dict], splits: list[str], read, cfg: PreprocessConfig, on_error: str
+) -> tuple[list[dict], list[str], list[float], dict, Rig | None]:
     """The pairs (with their splits and residuals) that stay once the rig is measured, the manifest's `align`
     section and the rig to apply; with `on_error: fail` a pair the rig cannot lay onto its partner stops everything,
     before anything is written."""
@@ -47,15 +60,24 @@ def _registered(root: Path, pairs: list[dict], splits: list[str], read, cfg: Pre
         raise PipelineError(
             f"preprocess.align: {len(refused)} pair(s) still lie more than preprocess.align_max_residual "
             f"{cfg.align_max_residual} px apart once the camera rig is applied (a wrong partner, or a moved camera; "
-            "ingest.on_error: skip leaves them out)" + "".join(
-                f"\n  {r['thermal']} <-> {r['visible']}: {r['residual_px']:.2f} px" for r in refused))
+            "ingest.on_error: skip leaves them out)"
+            + "".join(f"\n  {r['thermal']} <-> {r['visible']}: {r['residual_px']:.2f} px" for r in refused)
+        )
     refused_rows = set(registration.refused)
     keep = [i for i in range(len(pairs)) if i not in refused_rows]
-    section = {"estimated": registration.estimated.as_dict(),
-               "applied": registration.applied.as_dict() if registration.applied else None,
-               "max_residual_px": cfg.align_max_residual, "refused": refused}
-    return ([pairs[i] for i in keep], [splits[i] for i in keep], [registration.residuals[i] for i in keep], section,
-            registration.applied)
+    section = {
+        "estimated": registration.estimated.as_dict(),
+        "applied": registration.applied.as_dict() if registration.applied else None,
+        "max_residual_px": cfg.align_max_residual,
+        "refused": refused,
+    }
+    return (
+        [pairs[i] for i in keep],
+        [splits[i] for i in keep],
+        [registration.residuals[i] for i in keep],
+        section,
+        registration.applied,
+    )
 
 
 def applied_rig(manifest: dict) -> Rig | None:
@@ -68,8 +90,9 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
     """Preprocess every pair of an ingest index into `out_dir`; returns the manifest it wrote. The camera rig is
     measured first (`align.register`); `on_error` (ingest.on_error) decides what a pair it cannot align does."""
     root, layout, pairs = Path(index["root"]), index["layout"], index["pairs"]
-    splits = assign_splits([p["identity"] for p in pairs], [p["split"] for p in pairs], cfg,
-                           [sequence_of(p["thermal"]) for p in pairs])
+    splits = assign_splits(
+        [p["identity"] for p in pairs], [p["split"] for p in pairs], cfg, [sequence_of(p["thermal"]) for p in pairs]
+    )
 
     def read(pair: dict):
         """The decoded pair; a thermal frame whose kind does not fit the normalisation fails naming its file."""
@@ -79,6 +102,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
         except PipelineError as error:
             raise PipelineError(f"{root / pair['thermal']}: {error}") from None
         return thermal, visible
+
     pairs, splits, residuals, alignment, rig = _registered(root, pairs, splits, read, cfg, on_error)
     identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
     label = {name: position for position, name in enumerate(identities)}
@@ -93,10 +117,18 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             members = [(p, r) for p, s, r in zip(pairs, splits, residuals) if s == split]
             counts[split] = len(members)
             outputs = {split: cfg} | ({JITTER: jitter} if split == "train" else {})
-            arrays = {name: [np.lib.format.open_memmap(array_file(out_dir, name, kind), "w+", dtype,
-                                                       (len(members), config.image_size, config.image_size, c))
-                             for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels)]
-                      for name, config in outputs.items()}
+            arrays = {
+                name: [
+                    np.lib.format.open_memmap(
+                        array_file(out_dir, name, kind),
+                        "w+",
+                        dtype,
+                        (len(members), config.image_size, config.image_size, c),
+                    )
+                    for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels)
+                ]
+                for name, config in outputs.items()
+            }
             for row, (pair, residual) in enumerate(members):
                 raw_thermal, raw_visible = aligned(read(pair), rig)
                 thermal_dtypes[raw_thermal.dtype.name] += 1
@@ -104,8 +136,10 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
                     thermal, visible = arrays[name]
                     thermal[row] = quantise(prepare_thermal(raw_thermal, config), np.uint16)
                     visible[row] = quantise(prepare_visible(raw_visible, raw_thermal, config), np.uint8)
-                sources.append({key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
-                               | {"split": split, "residual_px": round(residual, 3)})
+                sources.append(
+                    {key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
+                    | {"split": split, "residual_px": round(residual, 3)}
+                )
                 progress.update()
             for thermal, visible in arrays.values():
                 thermal.flush()
@@ -115,13 +149,23 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             labels = np.array([label.get(p["identity"], -1) for p, _ in members], dtype=np.int64)
             for name in outputs:
                 np.save(array_file(out_dir, name, "identity"), labels)
-    manifest = {"root": index["root"], "layout": layout, "max_pixels": max_pixels,
-                "image_size": size, "jitter_size": jitter.image_size, "thermal_channels": channels[0],
-                # what the camera gave (uint8, uint16 counts or a float temperature map): the kind of frame the
-                # model is trained on, so the registered model's input example is one it takes
-                "thermal_dtype": thermal_dtypes.most_common(1)[0][0],
-                "visible_channels": channels[1], "identities": identities, "counts": counts,
-                "preprocess": dataclasses.asdict(cfg), "align": alignment, "sources": sources}
+    manifest = {
+        "root": index["root"],
+        "layout": layout,
+        "max_pixels": max_pixels,
+        "image_size": size,
+        "jitter_size": jitter.image_size,
+        "thermal_channels": channels[0],
+        # what the camera gave (uint8, uint16 counts or a float temperature map): the kind of frame the
+        # model is trained on, so the registered model's input example is one it takes
+        "thermal_dtype": thermal_dtypes.most_common(1)[0][0],
+        "visible_channels": channels[1],
+        "identities": identities,
+        "counts": counts,
+        "preprocess": dataclasses.asdict(cfg),
+        "align": alignment,
+        "sources": sources,
+    }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -141,8 +185,9 @@ def load_manifest(cache_dir: str | Path) -> dict:
 
 def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(thermal, visible, identity) arrays of one split (or of JITTER), memory-mapped read-only."""
-    return tuple(np.load(array_file(cache_dir, split, kind), mmap_mode="r")
-                 for kind in ("thermal", "visible", "identity"))
+    return tuple(
+        np.load(array_file(cache_dir, split, kind), mmap_mode="r") for kind in ("thermal", "visible", "identity")
+    )
 
 
 def raw_pairs(cache_dir: str | Path, split: str):

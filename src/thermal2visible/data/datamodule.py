@@ -9,6 +9,7 @@ loop over samples. Under DDP, Lightning swaps the shuffling sampler for a Distri
 draws a distinct shard of every epoch; validation and test shards are unpadded (`UnrepeatedDistributedSampler`),
 so every image is scored exactly once across the ranks, however many there are.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,8 +45,11 @@ class CachedPairs(Dataset):
         self.side = crop if self.jitter else arrays["visible"].shape[1]
         if device is None and self.jitter:
             device = torch.device("cpu")
-        self.arrays = arrays if device is None else {
-            name: torch.from_numpy(np.array(array)).to(device) for name, array in arrays.items()}
+        self.arrays = (
+            arrays
+            if device is None
+            else {name: torch.from_numpy(np.array(array)).to(device) for name, array in arrays.items()}
+        )
         if self.jitter:
             self.arrays |= {name: mirrored(self.arrays[name]) for name in ("thermal", "visible")}
 
@@ -101,8 +105,10 @@ class PairedDataModule(LightningDataModule):
         self.cache_dir, self.batch_size, self.loader = Path(cache_dir), batch_size, loader
         self.manifest = load_manifest(cache_dir)
         if loader.jitter and "jitter_size" not in self.manifest:
-            raise PipelineError(f"{cache_dir}: made before the training split was cached at the jitter side; re-run "
-                                "the preprocess stage (dvc repro preprocess), or set loader.jitter: false")
+            raise PipelineError(
+                f"{cache_dir}: made before the training split was cached at the jitter side; re-run "
+                "the preprocess stage (dvc repro preprocess), or set loader.jitter: false"
+            )
         self.thermal_channels = self.manifest["thermal_channels"]
         self.visible_channels = self.manifest["visible_channels"]
         self.identities = self.manifest["identities"]
@@ -115,12 +121,17 @@ class PairedDataModule(LightningDataModule):
                 training = split == "train"
                 jitter = training and self.loader.jitter
                 arrays = dict(zip(FIELDS, load_split(self.cache_dir, JITTER if jitter else split)))
-                self.splits[split] = CachedPairs(arrays, device if training and self.loader.preload else None,
-                                                 self.manifest["image_size"] if jitter else None)
+                self.splits[split] = CachedPairs(
+                    arrays,
+                    device if training and self.loader.preload else None,
+                    self.manifest["image_size"] if jitter else None,
+                )
         world = self.trainer.world_size if self.trainer is not None else 1
         if stage == "fit" and len(self.splits["train"]) < self.batch_size * world:
-            raise PipelineError(f"{self.cache_dir}: {len(self.splits['train'])} training pairs cannot fill one batch "
-                                f"of {self.batch_size} on each of {world} process(es); lower train.batch_size")
+            raise PipelineError(
+                f"{self.cache_dir}: {len(self.splits['train'])} training pairs cannot fill one batch "
+                f"of {self.batch_size} on each of {world} process(es); lower train.batch_size"
+            )
 
     def _dataloader(self, split: str) -> DataLoader:
         training = split == "train"
@@ -131,13 +142,21 @@ class PairedDataModule(LightningDataModule):
         if not training and self.trainer is not None and self.trainer.world_size > 1:
             # Lightning's own DistributedSampler pads the last shard with repeats; Lightning keeps a sampler
             # that is already distributed.
-            sampler = UnrepeatedDistributedSampler(self.splits[split], self.trainer.world_size,
-                                                   self.trainer.global_rank, shuffle=False)
+            sampler = UnrepeatedDistributedSampler(
+                self.splits[split], self.trainer.world_size, self.trainer.global_rank, shuffle=False
+            )
         # Workers start anew each epoch (not persistent): each epoch's are seeded from the main process's random
         # stream, which every checkpoint holds, so a resumed run's workers draw the crops the uninterrupted run drew.
-        return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=training, drop_last=training,
-                          sampler=sampler, collate_fn=_batch_as_is, num_workers=workers,
-                          pin_memory=self.loader.pin_memory and not preloaded)
+        return DataLoader(
+            self.splits[split],
+            batch_size=self.batch_size,
+            shuffle=training,
+            drop_last=training,
+            sampler=sampler,
+            collate_fn=_batch_as_is,
+            num_workers=workers,
+            pin_memory=self.loader.pin_memory and not preloaded,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader("train")

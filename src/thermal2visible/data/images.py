@@ -10,6 +10,7 @@ map, in its own unit). An alpha channel is dropped when every pixel is opaque an
 the model see behind a transparent pixel?). Non-finite floats (NaN, inf) are refused: a camera's dead pixel or a
 tool's "no reading" would otherwise become an arbitrary colour after normalisation.
 """
+
 from __future__ import annotations
 
 import io
@@ -41,8 +42,10 @@ def _check_size(width: int, height: int, source: str, max_pixels: int) -> None:
     if width < 1 or height < 1:
         raise BadImage(source, f"{width}x{height} image has no pixels")
     if width * height > max_pixels:
-        raise BadImage(source, f"{width}x{height} = {width * height} pixels exceeds max_pixels {max_pixels} "
-                               "(refused before decoding)")
+        raise BadImage(
+            source,
+            f"{width}x{height} = {width * height} pixels exceeds max_pixels {max_pixels} (refused before decoding)",
+        )
 
 
 def _decode_pillow(data: bytes, source: str, max_pixels: int) -> np.ndarray:
@@ -93,9 +96,12 @@ def _without_alpha(pixels: np.ndarray, source: str) -> np.ndarray:
     see_through = int(np.count_nonzero(alpha != opaque))
     if see_through:
         row, col = np.argwhere(alpha != opaque)[0]
-        raise BadImage(source, f"{ALPHA_LAYOUTS[pixels.shape[2]]} ({pixels.shape[2]} channels) with {see_through} "
-                               f"transparent pixel(s), first at row {row}, column {col}; flatten it onto a "
-                               "background first (an opaque alpha channel is dropped)")
+        raise BadImage(
+            source,
+            f"{ALPHA_LAYOUTS[pixels.shape[2]]} ({pixels.shape[2]} channels) with {see_through} "
+            f"transparent pixel(s), first at row {row}, column {col}; flatten it onto a "
+            "background first (an opaque alpha channel is dropped)",
+        )
     return pixels[:, :, :-1]
 
 
@@ -116,8 +122,11 @@ def _checked(pixels: np.ndarray, source: str) -> np.ndarray:
     if pixels.dtype.kind == "f" and not np.isfinite(pixels).all():
         bad = ~np.isfinite(pixels)
         row, col = np.argwhere(bad)[0][:2]
-        raise BadImage(source, f"{int(np.count_nonzero(bad))} NaN/inf value(s), first at row {row}, column {col}: "
-                               "a temperature map must be finite everywhere (fill or mask dead pixels first)")
+        raise BadImage(
+            source,
+            f"{int(np.count_nonzero(bad))} NaN/inf value(s), first at row {row}, column {col}: "
+            "a temperature map must be finite everywhere (fill or mask dead pixels first)",
+        )
     return pixels
 
 

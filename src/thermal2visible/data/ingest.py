@@ -4,6 +4,7 @@ Two layouts: `pairs` (ROOT/thermal/[identity/]name.ext + ROOT/visible/[identity/
 without extension, so thermal/a.tiff pairs with visible/a.png) and `side_by_side` (ROOT/[train|val|test/]name.ext,
 thermal on the left half). Everything is checked before anything is decided, so one run lists all problems.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -75,8 +76,10 @@ def _by_name(top: Path, root: Path, problems: list[Problem]) -> dict[str, Path]:
         groups.setdefault(path.relative_to(top).with_suffix("").as_posix(), []).append(path)
     for key, paths in groups.items():
         if len(paths) > 1:
-            problems.extend(Problem(str(p), f"{len(paths)} files share the name {key} (pairs match by name "
-                                            "without extension)") for p in paths)
+            problems.extend(
+                Problem(str(p), f"{len(paths)} files share the name {key} (pairs match by name without extension)")
+                for p in paths
+            )
     return {key: paths[0] for key, paths in groups.items() if len(paths) == 1}
 
 
@@ -89,22 +92,38 @@ def find_pairs(root: Path, layout: str, problems: list[Problem]) -> list[dict]:
         for path in _walk(root, root, problems):
             relative = path.relative_to(root)
             if len(relative.parts) == 2 and relative.parts[0] in SPLITS or len(relative.parts) == 1:
-                entries.append({"thermal": relative.as_posix(), "visible": relative.as_posix(), "identity": None,
-                                "split": relative.parts[0] if len(relative.parts) == 2 else None})
+                entries.append(
+                    {
+                        "thermal": relative.as_posix(),
+                        "visible": relative.as_posix(),
+                        "identity": None,
+                        "split": relative.parts[0] if len(relative.parts) == 2 else None,
+                    }
+                )
             else:
                 problems.append(Problem(str(path), "side_by_side images belong in ROOT/ or ROOT/{train,val,test}/"))
         return entries
     missing = [kind for kind in ("thermal", "visible") if not (root / kind).is_dir()]
     if missing:
-        raise PipelineError(f"data.source: {root} has no {' or '.join(k + '/' for k in missing)} folder "
-                            "(data.layout: pairs expects ROOT/thermal/ and ROOT/visible/)")
+        raise PipelineError(
+            f"data.source: {root} has no {' or '.join(k + '/' for k in missing)} folder "
+            "(data.layout: pairs expects ROOT/thermal/ and ROOT/visible/)"
+        )
     thermal, visible = (_by_name(root / kind, root, problems) for kind in ("thermal", "visible"))
     for mine, other, kind in ((thermal, visible, "visible"), (visible, thermal, "thermal")):
-        problems.extend(Problem(str(mine[key]), f"no {kind} image {kind}/{key}.* to pair with")
-                        for key in sorted(set(mine) - set(other)))
-    return [{"thermal": thermal[key].relative_to(root).as_posix(), "visible": visible[key].relative_to(root).as_posix(),
-             "identity": key.split("/")[0] if "/" in key else None, "split": None}
-            for key in sorted(set(thermal) & set(visible))]
+        problems.extend(
+            Problem(str(mine[key]), f"no {kind} image {kind}/{key}.* to pair with")
+            for key in sorted(set(mine) - set(other))
+        )
+    return [
+        {
+            "thermal": thermal[key].relative_to(root).as_posix(),
+            "visible": visible[key].relative_to(root).as_posix(),
+            "identity": key.split("/")[0] if "/" in key else None,
+            "split": None,
+        }
+        for key in sorted(set(thermal) & set(visible))
+    ]
 
 
 def _decode(root: Path, relative: str, max_pixels: int) -> tuple[np.ndarray, str]:
@@ -116,7 +135,7 @@ def _halves(image: np.ndarray, source: str) -> tuple[np.ndarray, np.ndarray]:
     width = image.shape[1]
     if width % 2:
         raise BadImage(source, f"odd width {width}: cannot split into thermal | visible halves")
-    return image[:, :width // 2], image[:, width // 2:]
+    return image[:, : width // 2], image[:, width // 2 :]
 
 
 def _assemble(root: Path, entry: dict, layout: str, decoded: dict) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -153,13 +172,22 @@ def _inspect(root: Path, entry: dict, layout: str, max_pixels: int, problems: li
         problems.append(Problem(error.source, error.reason))
         return None
     if visible.dtype.kind == "f":
-        problems.append(Problem(str(root / entry["visible"]), f"visible image has {visible.dtype} samples; expected "
-                                "8- or 16-bit integers (floats are for thermal temperature maps)"))
+        problems.append(
+            Problem(
+                str(root / entry["visible"]),
+                f"visible image has {visible.dtype} samples; expected "
+                "8- or 16-bit integers (floats are for thermal temperature maps)",
+            )
+        )
         return None
     if thermal.shape[:2] != visible.shape[:2]:
         (t_height, t_width), (v_height, v_width) = thermal.shape[:2], visible.shape[:2]
-        problems.append(Problem(str(root / entry["thermal"]), f"thermal is {t_width}x{t_height} but its visible "
-                                f"partner {entry['visible']} is {v_width}x{v_height}"))
+        problems.append(
+            Problem(
+                str(root / entry["thermal"]),
+                f"thermal is {t_width}x{t_height} but its visible partner {entry['visible']} is {v_width}x{v_height}",
+            )
+        )
         return None
     return tuple(1 if image.ndim == 2 else image.shape[2] for image in (thermal, visible))
 
@@ -168,16 +196,20 @@ def ingest(root: Path, layout: str, cfg: IngestConfig) -> tuple[dict, list[Probl
     """The index of good pairs (entries with sha256 of both files, channel counts) and every problem found."""
     problems: list[Problem] = []
     candidates = find_pairs(root, layout, problems)
-    inspected = [(entry, _inspect(root, entry, layout, cfg.max_pixels, problems))
-                 for entry in tqdm(candidates, desc="ingest", unit="pair")]
+    inspected = [
+        (entry, _inspect(root, entry, layout, cfg.max_pixels, problems))
+        for entry in tqdm(candidates, desc="ingest", unit="pair")
+    ]
     good = [(entry, channels) for entry, channels in inspected if channels is not None]
     # A model has one input and one output width: the odd ones out are the problem, not the majority.
     usual = [Counter(channels[k] for _, channels in good).most_common(1)[0][0] for k in (0, 1)] if good else []
     pairs = []
     for entry, channels in good:
         odd = [(kind, n, u) for kind, n, u in zip(("thermal", "visible"), channels, usual) if n != u]
-        problems.extend(Problem(str(root / entry[kind]), f"{kind} has {n} channel(s) but most {kind} images have {u}")
-                        for kind, n, u in odd)
+        problems.extend(
+            Problem(str(root / entry[kind]), f"{kind} has {n} channel(s) but most {kind} images have {u}")
+            for kind, n, u in odd
+        )
         if not odd:
             pairs.append(entry)
     if problems and cfg.on_error == "fail":
@@ -185,6 +217,11 @@ def ingest(root: Path, layout: str, cfg: IngestConfig) -> tuple[dict, list[Probl
         raise IngestError(summary, problems)
     if not pairs:
         raise IngestError(f"data.source: no usable image pairs in {root} (data.layout: {layout})", problems)
-    index = {"root": root.as_posix(), "layout": layout, "thermal_channels": usual[0], "visible_channels": usual[1],
-             "pairs": pairs}
+    index = {
+        "root": root.as_posix(),
+        "layout": layout,
+        "thermal_channels": usual[0],
+        "visible_channels": usual[1],
+        "pairs": pairs,
+    }
     return index, problems

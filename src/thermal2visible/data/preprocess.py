@@ -5,6 +5,7 @@ the training view (`crop_box`: the centre square, or the face box) and apply to 
 cuts its training images out of it (`prepare_thermal`) and `inference.frames.translate_frame` translates all of it,
 so a face reaches the model with the same values whatever hot or cold thing is beside it in the frame.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,7 +59,7 @@ def crop_box(thermal: np.ndarray, cfg: PreprocessConfig) -> Box:
 
 def _square(pixels: np.ndarray, box: Box) -> np.ndarray:
     top, left, side = box
-    return pixels[top:top + side, left:left + side]
+    return pixels[top : top + side, left : left + side]
 
 
 def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
@@ -71,11 +72,15 @@ def check_thermal_kind(image: np.ndarray, cfg: PreprocessConfig) -> None:
     ranges in integer counts; mixing them would map every pixel to 0 or 1 without a word."""
     is_float = image.dtype.kind == "f"
     if cfg.thermal_norm == "temperature" and not is_float:
-        raise PipelineError(f"{image.dtype} thermal counts, but preprocess.thermal_norm: temperature maps a "
-                            "float temperature map (use thermal_norm: fixed or percentile for integer frames)")
+        raise PipelineError(
+            f"{image.dtype} thermal counts, but preprocess.thermal_norm: temperature maps a "
+            "float temperature map (use thermal_norm: fixed or percentile for integer frames)"
+        )
     if cfg.thermal_norm == "fixed" and is_float:
-        raise PipelineError(f"{image.dtype} temperature map, but preprocess.fixed_range is in integer counts "
-                            "(use thermal_norm: temperature with temperature_range, or percentile)")
+        raise PipelineError(
+            f"{image.dtype} temperature map, but preprocess.fixed_range is in integer counts "
+            "(use thermal_norm: temperature with temperature_range, or percentile)"
+        )
 
 
 def thermal_range(counts: np.ndarray, cfg: PreprocessConfig) -> tuple[float, float]:
@@ -123,8 +128,10 @@ def _counts(total: int, cfg: PreprocessConfig, what: str) -> tuple[int, int]:
     """How many of `total` units go to val and test: at least one each when its fraction is not zero."""
     n_val, n_test = (max(1, round(f * total)) if f > 0 else 0 for f in (cfg.val_fraction, cfg.test_fraction))
     if n_val + n_test >= total:
-        raise PipelineError(f"preprocess: {total} {what} are too few for val_fraction {cfg.val_fraction} and "
-                            f"test_fraction {cfg.test_fraction} (training would get none)")
+        raise PipelineError(
+            f"preprocess: {total} {what} are too few for val_fraction {cfg.val_fraction} and "
+            f"test_fraction {cfg.test_fraction} (training would get none)"
+        )
     return n_val, n_test
 
 
@@ -136,8 +143,9 @@ def sequence_of(relative: str) -> str:
     return (path.parent / re.sub(r"[-_. ]*\d+$", "", path.stem)).as_posix()
 
 
-def assign_splits(identities: list[str | None], hints: list[str | None], cfg: PreprocessConfig,
-                  sequences: list[str] | None = None) -> list[str]:
+def assign_splits(
+    identities: list[str | None], hints: list[str | None], cfg: PreprocessConfig, sequences: list[str] | None = None
+) -> list[str]:
     """Split of each pair: its folder hint when it has one, else `split_by` over the pairs without one
     (`identity`, `sequence` (from `sequence_of`): whole groups go to one split; `random`: each pair alone)."""
     free = [i for i, hint in enumerate(hints) if hint is None]
@@ -146,8 +154,10 @@ def assign_splits(identities: list[str | None], hints: list[str | None], cfg: Pr
     if cfg.split_by == "identity":
         missing = [i for i in free if identities[i] is None]
         if missing:
-            raise PipelineError(f"preprocess.split_by: identity needs an identity folder for every pair; "
-                                f"{len(missing)} pairs have none (use split_by: sequence or random)")
+            raise PipelineError(
+                f"preprocess.split_by: identity needs an identity folder for every pair; "
+                f"{len(missing)} pairs have none (use split_by: sequence or random)"
+            )
     groups = {"identity": identities, "sequence": sequences, "random": range(len(hints))}[cfg.split_by]
     unit_of = {i: groups[i] for i in free}
     units = sorted(set(unit_of.values()))
@@ -156,8 +166,9 @@ def assign_splits(identities: list[str | None], hints: list[str | None], cfg: Pr
     what = {"identity": "identities", "sequence": "sequences", "random": "pairs"}[cfg.split_by]
     n_val, n_test = _counts(len(units), cfg, what)
     order = [units[k] for k in rng.permutation(len(units))]
-    split_of = {unit: "test" if k < n_test else "val" if k < n_test + n_val else "train"
-                for k, unit in enumerate(order)}
+    split_of = {
+        unit: "test" if k < n_test else "val" if k < n_test + n_val else "train" for k, unit in enumerate(order)
+    }
     for i in free:
         splits[i] = split_of[unit_of[i]]
     return splits

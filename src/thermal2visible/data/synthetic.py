@@ -12,6 +12,7 @@ Two scenes: `portrait` (square frames, one centred face before a plain wall: the
 cold object in the room, frames in sequences). Either may be seen by a visible camera offset from the thermal one
 (`synthesize.parallax`): it renders the same scene through the rig transform of `data.align.Rig`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -26,56 +27,64 @@ from tqdm import tqdm
 from thermal2visible.config import SynthesizeConfig
 
 SUPERSAMPLE = 2  # render at twice the size and average down: smooth edges without blurring features
-HAIR_COLOURS = ((0.08, 0.07, 0.06), (0.24, 0.15, 0.08), (0.45, 0.30, 0.16), (0.85, 0.72, 0.45), (0.62, 0.27, 0.12),
-                (0.72, 0.72, 0.70))
+HAIR_COLOURS = (
+    (0.08, 0.07, 0.06),
+    (0.24, 0.15, 0.08),
+    (0.45, 0.30, 0.16),
+    (0.85, 0.72, 0.45),
+    (0.62, 0.27, 0.12),
+    (0.72, 0.72, 0.70),
+)
 IRIS_COLOURS = ((0.30, 0.18, 0.08), (0.20, 0.35, 0.55), (0.30, 0.42, 0.25), (0.12, 0.08, 0.05))
-HOT_OBJECT = (48.0, (0.93, 0.92, 0.89))    # °C and colour: a radiator, painted white
-COLD_OBJECT = (8.0, (0.72, 0.82, 0.93))    # a window in winter, bright sky behind it
+HOT_OBJECT = (48.0, (0.93, 0.92, 0.89))  # °C and colour: a radiator, painted white
+COLD_OBJECT = (8.0, (0.72, 0.82, 0.93))  # a window in winter, bright sky behind it
 
 
 @dataclass(frozen=True)
 class Face:
     """What stays the same in every image of one person. Lengths are fractions of the image side."""
+
     half_width: float
     half_height: float
-    jaw: float              # how much the chin narrows; 0 is a plain ellipse
-    eye_spacing: float      # half the distance between the eyes, as a fraction of half_width
+    jaw: float  # how much the chin narrows; 0 is a plain ellipse
+    eye_spacing: float  # half the distance between the eyes, as a fraction of half_width
     eye_size: float
     nose_length: float
-    mouth_width: float      # as a fraction of half_width
+    mouth_width: float  # as a fraction of half_width
     hair_volume: float
-    hairline: float         # top of the forehead, as a fraction of half_height above the centre
+    hairline: float  # top of the forehead, as a fraction of half_height above the centre
     long_hair: bool
     glasses: bool
     skin: tuple[float, float, float]
     hair: tuple[float, float, float]
     iris: tuple[float, float, float]
     clothes: tuple[float, float, float]
-    skin_temp: float        # °C
+    skin_temp: float  # °C
     hair_insulation: float  # 0: hair surface at skin temperature, 1: at room temperature
 
 
 @dataclass(frozen=True)
 class Shot:
     """What changes between images of one person, apart from the lighting."""
+
     shift: tuple[float, float]
-    rotation: float         # radians
+    rotation: float  # radians
     scale: float
-    yaw: float              # head turn in [-1, 1]: the features slide sideways
-    mouth_open: float       # 0 closed .. 1 wide open
-    smile: float            # -1 .. 1
-    brow_raise: float       # 0 .. 1
-    room_temp: float        # °C
+    yaw: float  # head turn in [-1, 1]: the features slide sideways
+    mouth_open: float  # 0 closed .. 1 wide open
+    smile: float  # -1 .. 1
+    brow_raise: float  # 0 .. 1
+    room_temp: float  # °C
     wall: tuple[float, float, float]
     noise_seed: int
-    hot: tuple[float, float, float, float] | None = None   # (left, top, right, bottom) of a hot object in the room,
+    hot: tuple[float, float, float, float] | None = None  # (left, top, right, bottom) of a hot object in the room,
     cold: tuple[float, float, float, float] | None = None  # in frame heights; None: not in this scene
 
 
 @dataclass(frozen=True)
 class Lighting:
-    azimuth: float          # direction the light comes from, in the image plane (radians)
-    elevation: float        # radians above the image plane; pi/2 is straight from the camera
+    azimuth: float  # direction the light comes from, in the image plane (radians)
+    elevation: float  # radians above the image plane; pi/2 is straight from the camera
     intensity: float
     ambient: float
     tint: tuple[float, float, float]
@@ -85,25 +94,49 @@ def random_face(rng: np.random.Generator) -> Face:
     shade = rng.uniform()
     skin = np.array([0.95, 0.80, 0.68]) * (1 - shade) + np.array([0.38, 0.25, 0.17]) * shade
     hair = np.array(HAIR_COLOURS[rng.integers(len(HAIR_COLOURS))]) * rng.uniform(0.85, 1.1)
-    return Face(half_width=rng.uniform(0.19, 0.23), half_height=rng.uniform(0.25, 0.29), jaw=rng.uniform(0.0, 0.3),
-                eye_spacing=rng.uniform(0.36, 0.46), eye_size=rng.uniform(0.85, 1.15),
-                nose_length=rng.uniform(0.85, 1.15), mouth_width=rng.uniform(0.26, 0.36),
-                hair_volume=rng.uniform(0.01, 0.05), hairline=rng.uniform(0.5, 0.75), long_hair=rng.uniform() < 0.4,
-                glasses=rng.uniform() < 0.35, skin=tuple(skin + rng.normal(0, 0.02, 3)),
-                hair=tuple(np.clip(hair, 0, 1)), iris=IRIS_COLOURS[rng.integers(len(IRIS_COLOURS))],
-                clothes=tuple(rng.uniform(0.1, 0.9, 3)), skin_temp=rng.uniform(34.0, 35.2),
-                hair_insulation=rng.uniform(0.45, 0.75))
+    return Face(
+        half_width=rng.uniform(0.19, 0.23),
+        half_height=rng.uniform(0.25, 0.29),
+        jaw=rng.uniform(0.0, 0.3),
+        eye_spacing=rng.uniform(0.36, 0.46),
+        eye_size=rng.uniform(0.85, 1.15),
+        nose_length=rng.uniform(0.85, 1.15),
+        mouth_width=rng.uniform(0.26, 0.36),
+        hair_volume=rng.uniform(0.01, 0.05),
+        hairline=rng.uniform(0.5, 0.75),
+        long_hair=rng.uniform() < 0.4,
+        glasses=rng.uniform() < 0.35,
+        skin=tuple(skin + rng.normal(0, 0.02, 3)),
+        hair=tuple(np.clip(hair, 0, 1)),
+        iris=IRIS_COLOURS[rng.integers(len(IRIS_COLOURS))],
+        clothes=tuple(rng.uniform(0.1, 0.9, 3)),
+        skin_temp=rng.uniform(34.0, 35.2),
+        hair_insulation=rng.uniform(0.45, 0.75),
+    )
 
 
 def random_shot(rng: np.random.Generator) -> tuple[Shot, Lighting]:
     # One room and one key light for the whole set, as in the paper's lab recordings: the visible background and
     # light vary only a little between shots, so they stay learnable although the thermal image never shows them.
-    shot = Shot(shift=tuple(rng.normal(0, 0.03, 2)), rotation=rng.normal(0, 0.12), scale=rng.uniform(0.9, 1.1),
-                yaw=rng.uniform(-1, 1), mouth_open=max(0.0, rng.uniform(-0.5, 1)), smile=rng.uniform(-0.5, 1),
-                brow_raise=rng.uniform(), room_temp=rng.uniform(19.5, 24.5),
-                wall=tuple(np.array([0.6, 0.6, 0.62]) + rng.normal(0, 0.02, 3)), noise_seed=int(rng.integers(2**31)))
-    lighting = Lighting(azimuth=np.pi / 2 + rng.normal(0, 0.3), elevation=1.1 + rng.normal(0, 0.1),
-                        intensity=0.85 + rng.normal(0, 0.05), ambient=0.3, tint=tuple(1 + rng.normal(0, 0.02, 3)))
+    shot = Shot(
+        shift=tuple(rng.normal(0, 0.03, 2)),
+        rotation=rng.normal(0, 0.12),
+        scale=rng.uniform(0.9, 1.1),
+        yaw=rng.uniform(-1, 1),
+        mouth_open=max(0.0, rng.uniform(-0.5, 1)),
+        smile=rng.uniform(-0.5, 1),
+        brow_raise=rng.uniform(),
+        room_temp=rng.uniform(19.5, 24.5),
+        wall=tuple(np.array([0.6, 0.6, 0.62]) + rng.normal(0, 0.02, 3)),
+        noise_seed=int(rng.integers(2**31)),
+    )
+    lighting = Lighting(
+        azimuth=np.pi / 2 + rng.normal(0, 0.3),
+        elevation=1.1 + rng.normal(0, 0.1),
+        intensity=0.85 + rng.normal(0, 0.05),
+        ambient=0.3,
+        tint=tuple(1 + rng.normal(0, 0.02, 3)),
+    )
     return shot, lighting
 
 
@@ -117,13 +150,19 @@ def camera_shot(sequence: np.random.Generator, frame: np.random.Generator, aspec
     """One frame of a sequence: the room, the person's place and distance from `sequence`; pose, expression,
     light and a small drift from `frame`."""
     shot, lighting = random_shot(frame)
-    reach = aspect / 2 - 0.3                                 # the face's centre stays far enough inside the frame
+    reach = aspect / 2 - 0.3  # the face's centre stays far enough inside the frame
     place = np.array([sequence.uniform(-reach, reach), sequence.uniform(-0.1, 0.12)])
-    distance = sequence.uniform(0.5, 0.85)                  # face sizes from a third to half the frame height
+    distance = sequence.uniform(0.5, 0.85)  # face sizes from a third to half the frame height
     room = sequence.uniform(19.5, 24.5)
     hot, cold = _room_object(sequence, aspect), _room_object(sequence, aspect)
-    return replace(shot, shift=tuple(place + frame.normal(0, 0.015, 2)), scale=shot.scale * distance,
-                   room_temp=room, hot=hot, cold=cold), lighting
+    return replace(
+        shot,
+        shift=tuple(place + frame.normal(0, 0.015, 2)),
+        scale=shot.scale * distance,
+        room_temp=room,
+        hot=hot,
+        cold=cold,
+    ), lighting
 
 
 def _radius2(u, v, cu, cv, ru, rv):
@@ -131,8 +170,9 @@ def _radius2(u, v, cu, cv, ru, rv):
     return ((u - cu) / ru) ** 2 + ((v - cv) / rv) ** 2
 
 
-def _scene(face: Face, shot: Shot, height: int, width: int,
-           parallax: tuple[float, float, float] | None = None) -> dict[str, np.ndarray]:
+def _scene(
+    face: Face, shot: Shot, height: int, width: int, parallax: tuple[float, float, float] | None = None
+) -> dict[str, np.ndarray]:
     """Boolean masks of every part (painter's order: later parts cover earlier ones) plus the head's relief, in
     frame heights; `parallax` (shift x, y in output pixels, scale): seen by the offset visible camera."""
     y, x = (np.mgrid[0:height, 0:width] + 0.5) / height
@@ -145,7 +185,7 @@ def _scene(face: Face, shot: Shot, height: int, width: int,
     cos, sin = np.cos(shot.rotation), np.sin(shot.rotation)
     u, v = (cos * px + sin * py) / shot.scale, (-sin * px + cos * py) / shot.scale
     a, b = face.half_width, face.half_height
-    slide = shot.yaw * a * 0.35                              # features follow the head turn
+    slide = shot.yaw * a * 0.35  # features follow the head turn
     head_r2 = (u / (a * (1 - face.jaw * np.clip(v / b, 0, 1)))) ** 2 + (v / b) ** 2
     head = head_r2 <= 1
     vol = face.hair_volume
@@ -162,29 +202,40 @@ def _scene(face: Face, shot: Shot, height: int, width: int,
     mouth_u, mouth_v, mouth_ru = slide, 0.58 * b, face.mouth_width * a
     mouth_centre = mouth_v - shot.smile * 0.06 * a * ((u - mouth_u) / mouth_ru) ** 2
     lens_r2 = _radius2(u, v, eye_u, eye_v, 1.6 * eye_ru, 2.6 * eye_rv)
-    bar = np.abs(v - eye_v) < 0.03 * a                       # the bridge and the temple arms of the glasses
-    frame = (((lens_r2 > 1) & (lens_r2 <= 1.4)).any(axis=0) | bar & (np.abs(u - slide) < face.eye_spacing * a)
-             | bar & (np.abs(u) > face.eye_spacing * a + 1.6 * eye_ru) & head)
+    bar = np.abs(v - eye_v) < 0.03 * a  # the bridge and the temple arms of the glasses
+    frame = (
+        ((lens_r2 > 1) & (lens_r2 <= 1.4)).any(axis=0)
+        | bar & (np.abs(u - slide) < face.eye_spacing * a)
+        | bar & (np.abs(u) > face.eye_spacing * a + 1.6 * eye_ru) & head
+    )
     mouth_rv = 0.1 * a * max(shot.mouth_open, 0.01)
     ridge = np.exp(-0.5 * ((u - nose_u) / (0.09 * a)) ** 2) * np.where(
-        v < nose_v, np.clip((v - eye_v) / (nose_v - eye_v), 0, 1), np.exp(-0.5 * ((v - nose_v) / (0.05 * a)) ** 2))
+        v < nose_v, np.clip((v - eye_v) / (nose_v - eye_v), 0, 1), np.exp(-0.5 * ((v - nose_v) / (0.05 * a)) ** 2)
+    )
     dome = np.where(hair_back, 0.5 * a * np.sqrt(np.clip(1 - outer_r2, 0, 1)), 0.0)  # hair sits on a rounder shell
     relief = np.where(head, a * np.sqrt(np.clip(1 - head_r2, 0, 1)) + 0.05 * a * ridge, dome)
-    room = {name: (x >= box[0]) & (x <= box[2]) & (y >= box[1]) & (y <= box[3])
-            for name, box in (("hot_object", shot.hot), ("cold_object", shot.cold)) if box is not None}
+    room = {
+        name: (x >= box[0]) & (x <= box[2]) & (y >= box[1]) & (y <= box[3])
+        for name, box in (("hot_object", shot.hot), ("cold_object", shot.cold))
+        if box is not None
+    }
     return room | {
-        "y": y, "head_r2": head_r2, "relief": relief,
+        "y": y,
+        "head_r2": head_r2,
+        "relief": relief,
         "nose_tip": np.exp(-0.5 * _radius2(u, v, nose_u, nose_v, 0.12 * a, 0.12 * a)),
-        "canthus": np.exp(-0.5 * _radius2(u, v, eye_u - np.sign(eye_u - slide) * 0.85 * eye_ru, eye_v,
-                                          0.07 * a, 0.07 * a)).sum(axis=0),
+        "canthus": np.exp(
+            -0.5 * _radius2(u, v, eye_u - np.sign(eye_u - slide) * 0.85 * eye_ru, eye_v, 0.07 * a, 0.07 * a)
+        ).sum(axis=0),
         "hair_back": hair_back,
-        "clothes": v > b + 0.07 + 0.6 * u ** 2,
+        "clothes": v > b + 0.07 + 0.6 * u**2,
         "neck": (np.abs(u) < 0.55 * a) & (v > 0) & (v < b + 0.2),
         "ears": (_radius2(np.abs(u), v, 0.98 * a, -0.05 * b, 0.14 * a, 0.3 * b) <= 1) & (not face.long_hair),
         "head": head,
         "hair_front": head & (v < -face.hairline * b + 0.35 * b * (u / a) ** 2),
-        "brows": (_radius2(u, v, eye_u, eye_v - 2.4 * eye_rv - 0.02 * a * shot.brow_raise, 1.15 * eye_ru,
-                           0.05 * a) <= 1).any(axis=0),
+        "brows": (
+            _radius2(u, v, eye_u, eye_v - 2.4 * eye_rv - 0.02 * a * shot.brow_raise, 1.15 * eye_ru, 0.05 * a) <= 1
+        ).any(axis=0),
         "eyes": eyes.any(axis=0),
         "iris": (iris & eyes).any(axis=0),
         "nostrils": (_radius2(np.abs(u - nose_u), v, 0.09 * a, nose_v + 0.04 * a, 0.05 * a, 0.025 * a) <= 1),
@@ -198,21 +249,26 @@ def _scene(face: Face, shot: Shot, height: int, width: int,
 def _thermal(face: Face, shot: Shot, scene: dict[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
     """Surface temperature in °C, blurred by the optics, then sensor counts: centi-kelvin with read noise."""
     room, skin = shot.room_temp, face.skin_temp
-    temp = room + 0.6 * (0.5 - scene["y"])                   # warm air rises: the wall is warmer near the top
-    objects = [(name, temperature) for name, (temperature, _) in (("hot_object", HOT_OBJECT),
-                                                                   ("cold_object", COLD_OBJECT)) if name in scene]
-    paint = objects + [("hair_back", room + (skin - room) * (1 - face.hair_insulation) - 0.5),
-             ("clothes", room + 0.35 * (skin - room)),
-             ("neck", skin - 0.6),
-             ("ears", skin - 2.0),
-             ("head", skin - 1.8 * (1 - np.sqrt(np.clip(1 - scene["head_r2"], 0, 1))) - 2.2 * scene["nose_tip"]),
-             ("hair_front", room + (skin - room) * (1 - face.hair_insulation)),
-             ("brows", skin - 0.8),
-             ("eyes", skin + 0.9 + 1.0 * scene["canthus"]),
-             ("lips", skin + 0.2),
-             ("mouth", skin + 1.6),
-             ("frame", room + 0.55 * (skin - room)),
-             ("lenses", room + 0.15 * (skin - room))]          # glass is opaque to long-wave infrared
+    temp = room + 0.6 * (0.5 - scene["y"])  # warm air rises: the wall is warmer near the top
+    objects = [
+        (name, temperature)
+        for name, (temperature, _) in (("hot_object", HOT_OBJECT), ("cold_object", COLD_OBJECT))
+        if name in scene
+    ]
+    paint = objects + [
+        ("hair_back", room + (skin - room) * (1 - face.hair_insulation) - 0.5),
+        ("clothes", room + 0.35 * (skin - room)),
+        ("neck", skin - 0.6),
+        ("ears", skin - 2.0),
+        ("head", skin - 1.8 * (1 - np.sqrt(np.clip(1 - scene["head_r2"], 0, 1))) - 2.2 * scene["nose_tip"]),
+        ("hair_front", room + (skin - room) * (1 - face.hair_insulation)),
+        ("brows", skin - 0.8),
+        ("eyes", skin + 0.9 + 1.0 * scene["canthus"]),
+        ("lips", skin + 0.2),
+        ("mouth", skin + 1.6),
+        ("frame", room + 0.55 * (skin - room)),
+        ("lenses", room + 0.15 * (skin - room)),
+    ]  # glass is opaque to long-wave infrared
     for part, value in paint:
         temp = np.where(scene[part], value, temp)
     temp = downscale_local_mean(gaussian(temp, sigma=0.6 * SUPERSAMPLE), (SUPERSAMPLE, SUPERSAMPLE))
@@ -220,21 +276,34 @@ def _thermal(face: Face, shot: Shot, scene: dict[str, np.ndarray], rng: np.rando
     return np.clip(np.round(counts), 0, np.iinfo(np.uint16).max).astype(np.uint16)
 
 
-def _visible(face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarray],
-             rng: np.random.Generator) -> np.ndarray:
+def _visible(
+    face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarray], rng: np.random.Generator
+) -> np.ndarray:
     """RGB albedo of every part, textured, shaded by the relief under the light, then 8-bit with sensor noise."""
     shape = scene["y"].shape
     skin, hair = np.array(face.skin), np.array(face.hair)
     grain = gaussian(rng.normal(0, 1, shape), sigma=(3.0, 0.6))[..., None]  # hair strands run downwards
     pores = gaussian(rng.normal(0, 1, shape), sigma=0.8)[..., None]
-    objects = [(name, np.array(colour)) for name, (_, colour) in (("hot_object", HOT_OBJECT),
-                                                                  ("cold_object", COLD_OBJECT)) if name in scene]
+    objects = [
+        (name, np.array(colour))
+        for name, (_, colour) in (("hot_object", HOT_OBJECT), ("cold_object", COLD_OBJECT))
+        if name in scene
+    ]
     paint = objects + [
-             ("hair_back", hair * (0.85 + 0.9 * grain)), ("clothes", np.array(face.clothes) * (1 + 0.12 * pores)),
-             ("neck", skin * 0.92), ("ears", skin * 0.95), ("head", skin * (1 + 0.08 * pores)),
-             ("hair_front", hair * (1 + 0.9 * grain)), ("brows", hair * 0.7), ("eyes", np.array([0.92, 0.9, 0.87])),
-             ("iris", np.array(face.iris)), ("nostrils", skin * 0.45), ("lips", skin * np.array([0.85, 0.55, 0.55])),
-             ("mouth", np.array([0.25, 0.06, 0.07])), ("frame", np.array([0.12, 0.11, 0.13]))]
+        ("hair_back", hair * (0.85 + 0.9 * grain)),
+        ("clothes", np.array(face.clothes) * (1 + 0.12 * pores)),
+        ("neck", skin * 0.92),
+        ("ears", skin * 0.95),
+        ("head", skin * (1 + 0.08 * pores)),
+        ("hair_front", hair * (1 + 0.9 * grain)),
+        ("brows", hair * 0.7),
+        ("eyes", np.array([0.92, 0.9, 0.87])),
+        ("iris", np.array(face.iris)),
+        ("nostrils", skin * 0.45),
+        ("lips", skin * np.array([0.85, 0.55, 0.55])),
+        ("mouth", np.array([0.25, 0.06, 0.07])),
+        ("frame", np.array([0.12, 0.11, 0.13])),
+    ]
     albedo = np.broadcast_to(np.array(shot.wall), (*shape, 3))
     for part, colour in paint:
         albedo = np.where(scene[part][..., None], colour, albedo)
@@ -242,8 +311,13 @@ def _visible(face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarra
     slope_y, slope_x = np.gradient(gaussian(scene["relief"], sigma=SUPERSAMPLE) * shape[0])
     normal = np.stack([-slope_x, -slope_y, np.ones_like(slope_x)], axis=-1)
     normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
-    towards = np.array([np.cos(light.azimuth) * np.cos(light.elevation),
-                        np.sin(light.azimuth) * np.cos(light.elevation), np.sin(light.elevation)])
+    towards = np.array(
+        [
+            np.cos(light.azimuth) * np.cos(light.elevation),
+            np.sin(light.azimuth) * np.cos(light.elevation),
+            np.sin(light.elevation),
+        ]
+    )
     diffuse = np.clip(normal @ towards, 0, None)[..., None]
     halfway = (towards + [0, 0, 1]) / np.linalg.norm(towards + [0, 0, 1])
     gloss = 0.25 * light.intensity * np.clip(normal @ halfway, 0, None)[..., None] ** 30 * scene["head"][..., None]
@@ -254,16 +328,23 @@ def _visible(face: Face, shot: Shot, light: Lighting, scene: dict[str, np.ndarra
     return np.clip(np.round(rgb * 255), 0, 255).astype(np.uint8)
 
 
-def render(face: Face, shot: Shot, lighting: Lighting, height: int, width: int | None = None,
-           parallax: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
+def render(
+    face: Face,
+    shot: Shot,
+    lighting: Lighting,
+    height: int,
+    width: int | None = None,
+    parallax: tuple[float, float, float] = (0.0, 0.0, 1.0),
+) -> tuple[np.ndarray, np.ndarray]:
     """(thermal uint16 HxW in centi-kelvin, visible uint8 HxWx3) of one shot, width = height unless given; the
     visible camera offset by `parallax` (shift x, y in pixels, scale); noise is seeded by the shot."""
     height, width = height * SUPERSAMPLE, (width or height) * SUPERSAMPLE
     scene = _scene(face, shot, height, width)
     offset = None if tuple(parallax) == (0.0, 0.0, 1.0) else _scene(face, shot, height, width, parallax)
     thermal = _thermal(face, shot, scene, np.random.default_rng([shot.noise_seed, 0]))
-    visible = _visible(face, shot, lighting, scene if offset is None else offset,
-                       np.random.default_rng([shot.noise_seed, 1]))
+    visible = _visible(
+        face, shot, lighting, scene if offset is None else offset, np.random.default_rng([shot.noise_seed, 1])
+    )
     return thermal, visible
 
 
@@ -272,8 +353,11 @@ def shot_of(cfg: SynthesizeConfig, person: int, index: int) -> tuple[Shot, Light
     if cfg.scene == "portrait":
         return *random_shot(np.random.default_rng([cfg.seed, person, index])), f"{index:03d}"
     sequence, frame = divmod(index, cfg.sequence_length)
-    shot, lighting = camera_shot(np.random.default_rng([cfg.seed, person, sequence]),
-                                 np.random.default_rng([cfg.seed, person, sequence, frame]), cfg.aspect)
+    shot, lighting = camera_shot(
+        np.random.default_rng([cfg.seed, person, sequence]),
+        np.random.default_rng([cfg.seed, person, sequence, frame]),
+        cfg.aspect,
+    )
     return shot, lighting, f"seq{sequence}_{frame:03d}"
 
 

@@ -4,6 +4,7 @@
 Each runs in its own session (process group), so stopping it reaches the workers it forks too
 (`mlflow models serve` runs uvicorn as a child); the group is stopped in a `finally`, whatever the test did.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,13 +73,15 @@ def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout_s: float
 
 
 @contextlib.contextmanager
-def running(command: list[str], ready_path: str, port: int, log: Path, env: dict[str, str],
-            timeout_s: float = 120.0) -> Iterator[str]:
+def running(
+    command: list[str], ready_path: str, port: int, log: Path, env: dict[str, str], timeout_s: float = 120.0
+) -> Iterator[str]:
     """Start `command`, wait until GET `ready_path` answers 200, yield its base URL; always stop it."""
     base = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
+        )
         try:
             _wait_ready(process, base + ready_path, log, timeout_s)
             yield base
@@ -91,9 +94,20 @@ def mlflow_server(root: Path) -> Iterator[str]:
     """`mlflow server` on a SQLite store and a local artifact folder under `root`; yields the tracking URI."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    command = [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-               "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(port), "--workers", "1"]
+    command = [
+        MLFLOW,
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     # Job execution starts extra machinery that takes the start from ~4 s to ~23 s.
     env = quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     with running(command, "/health", port, root / "mlflow-server.log", env) as uri:
@@ -106,8 +120,7 @@ def model_server(model_uri: str, root: Path, tracking_uri: str | None = None) ->
     `tracking_uri` is where a models:/ or runs:/ URI is looked up."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    command = [MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local",
-               "-h", "127.0.0.1", "-p", str(port)]
+    command = [MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
     env = quiet_env(**({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {}))
     with running(command, "/ping", port, root / "model-server.log", env) as url:
         yield url

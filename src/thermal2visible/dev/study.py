@@ -1,6 +1,7 @@
 """Study machinery shared by pipelines/study.py and benchmarks/time_to_quality.py: each configuration is a real
 `pipelines/train.py` run in its own scratch project, on one cache made by `pipelines/preprocess.py`, logging to the
 project's MLflow store. Run from the project folder."""
+
 from __future__ import annotations
 
 import csv
@@ -18,9 +19,13 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.paths import CACHE, EVAL_METRICS, INDEX, PIPELINES, PSNR_CSV, RECOGNIZER, TRAIN_METRICS
 from thermal2visible.tracking.store import absolute_tracking_uri, training_run_id
 
+
 def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
-    env = os.environ | {"MLFLOW_TRACKING_URI": absolute_tracking_uri(), "MLFLOW_DISABLE_TELEMETRY": "true",
-                        "DVC_NO_ANALYTICS": "1"}
+    env = os.environ | {
+        "MLFLOW_TRACKING_URI": absolute_tracking_uri(),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DVC_NO_ANALYTICS": "1",
+    }
     command = [sys.executable, str(PIPELINES.resolve() / script), "--params", str(params.resolve())]
     command += [arg for override in overrides for arg in ("--set", override)]
     finished = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
@@ -84,13 +89,17 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     speeds = [m.value for m in sorted(client.get_metric_history(run_id, "images_per_s"), key=lambda m: m.step)]
     best = summary["best_epoch"]
     return summary | {
-        "name": name, "overrides": overrides, "mlflow_run_id": run_id, "wall_s": round(wall, 1),
+        "name": name,
+        "overrides": overrides,
+        "mlflow_run_id": run_id,
+        "wall_s": round(wall, 1),
         "time_to_best_s": round((psnr_times[best] - started_ms) / 1000, 1) if best in psnr_times else None,
         "psnr_seconds": [round((psnr_times[epoch] - started_ms) / 1000, 1) for epoch in sorted(psnr_times)],
         # The first epoch pays for warm-up (allocations, the DDP handshake): the median of the others.
         "images_per_s": round(statistics.median(speeds[1:] or speeds), 2),
         "psnr": [float(row["psnr"]) for row in rows],
-        "psnr_smoothed": [float(row["psnr_smoothed"]) if row["psnr_smoothed"] else None for row in rows]}
+        "psnr_smoothed": [float(row["psnr_smoothed"]) if row["psnr_smoothed"] else None for row in rows],
+    }
 
 
 def evaluate_child(work: Path, name: str, params: Path, overrides: list[str]) -> dict:

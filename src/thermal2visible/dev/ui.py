@@ -8,6 +8,7 @@ parameter `workflowType=machine_learning` opens the model-training view instead,
 `python -m thermal2visible.dev.ui` serves this project's store (MLFLOW_TRACKING_URI, else ./mlflow.db) on 127.0.0.1
 and writes screenshots of the latest training run, its metrics and its registered version to reports/ui/.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,16 +55,24 @@ def chromium() -> str:
 
 def render(url: str, screenshot: Path | None = None, wait_ms: int = 15000, height: int = 1000) -> str:
     """The page's visible text once its scripts have run `wait_ms` (virtual time); a PNG of it to `screenshot`."""
-    options = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--virtual-time-budget={wait_ms}",
-               f"--window-size=1440,{height}"]
+    options = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--virtual-time-budget={wait_ms}",
+        f"--window-size=1440,{height}",
+    ]
     with tempfile.TemporaryDirectory() as profile:  # a fresh profile: nothing remembered from an earlier visit
         options.append(f"--user-data-dir={profile}")
         if screenshot:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([chromium(), *options, f"--screenshot={screenshot}", url], capture_output=True,
-                           timeout=120, check=True)
-        dom = subprocess.run([chromium(), *options, "--dump-dom", url], capture_output=True, text=True,
-                             timeout=120, check=True).stdout
+            subprocess.run(
+                [chromium(), *options, f"--screenshot={screenshot}", url], capture_output=True, timeout=120, check=True
+            )
+        dom = subprocess.run(
+            [chromium(), *options, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
     body = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", body)))
 
@@ -72,27 +81,43 @@ def render(url: str, screenshot: Path | None = None, wait_ms: int = 15000, heigh
 def mlflow_ui(store_uri: str, log_dir: Path) -> Iterator[str]:
     """`mlflow ui` on `store_uri` at a free 127.0.0.1 port; yields its base URL, always stops it."""
     port = free_port()
-    command = [MLFLOW, "ui", "--backend-store-uri", store_uri, "--host", "127.0.0.1", "--port", str(port),
-               "--workers", "1"]
-    with running(command, "/health", port, log_dir / "mlflow-ui.log",
-                 quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")) as base:
+    command = [
+        MLFLOW,
+        "ui",
+        "--backend-store-uri",
+        store_uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    with running(
+        command, "/health", port, log_dir / "mlflow-ui.log", quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    ) as base:
         yield base
 
 
 def screenshot_latest_training(store_uri: str, out_dir: Path, model_name: str, base: str) -> list[Path]:
     """Screenshots of the experiment, its latest `train` run (overview and metrics) and the model's latest version."""
     client = MlflowClient(store_uri)
-    runs = client.search_runs([experiment.experiment_id for experiment in client.search_experiments()],
-                              "attributes.run_name = 'train'", order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        [experiment.experiment_id for experiment in client.search_experiments()],
+        "attributes.run_name = 'train'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     if not runs:
         raise PipelineError(f"{store_uri}: no training run yet (run `dvc repro` first)")
     run = runs[0]
     experiment = run.info.experiment_id
-    pages = {"experiment.png": experiment_page(base, experiment),
-             "train_run.png": run_page(base, experiment, run.info.run_id),
-             "train_run_metrics.png": run_page(base, experiment, run.info.run_id, "model-metrics")}
-    versions = client.search_model_versions(f"name = '{model_name}'", order_by=["version_number DESC"],
-                                            max_results=1)
+    pages = {
+        "experiment.png": experiment_page(base, experiment),
+        "train_run.png": run_page(base, experiment, run.info.run_id),
+        "train_run_metrics.png": run_page(base, experiment, run.info.run_id, "model-metrics"),
+    }
+    versions = client.search_model_versions(f"name = '{model_name}'", order_by=["version_number DESC"], max_results=1)
     if versions:
         pages["registered_version.png"] = version_page(base, model_name, versions[0].version)
     for name, url in pages.items():

@@ -7,6 +7,7 @@ Everything a server needs to feed it (image size, channels, the preprocess setti
 along as `metadata_props`, so the .onnx file alone is enough to reproduce training's input pipeline (session.py
 reads them back).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,20 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
         raise PipelineError(
             f"train.test_mode: {payload['test_mode']!r}: this generator was validated with dropout on, so its output "
             "is random and would differ between the ONNX model and PyTorch (and between requests); export serves "
-            "eval mode only: train with train.test_mode: eval to export")
+            "eval mode only: train with train.test_mode: eval to export"
+        )
     config = payload["model"]
-    metadata = {"opset": opset, "image_size": config["image_size"], "in_channels": config["in_channels"],
-                "out_channels": config["out_channels"], "input_range": [-1, 1], "preprocess": payload["preprocess"],
-                "thermal_dtype": thermal_dtype,
-                "fingerprint": payload.get("fingerprint"), "data_hash": payload.get("data_hash")}
+    metadata = {
+        "opset": opset,
+        "image_size": config["image_size"],
+        "in_channels": config["in_channels"],
+        "out_channels": config["out_channels"],
+        "input_range": [-1, 1],
+        "preprocess": payload["preprocess"],
+        "thermal_dtype": thermal_dtype,
+        "fingerprint": payload.get("fingerprint"),
+        "data_hash": payload.get("data_hash"),
+    }
     generator.eval()
     size = config["image_size"]
     # Batch 2 and a 2x3-tile frame as the example: torch.export specialises a dimension it sees as 1.
@@ -54,9 +63,15 @@ def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opse
     # we take its in-memory model instead of letting it save, so the weights can never land in a sidecar
     # `.onnx.data` file that a pyfunc's `artifacts=` would not copy.
     program = torch.onnx.export(
-        generator, (example,), dynamo=True, opset_version=opset, verbose=False,
-        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-        dynamic_shapes=({0: torch.export.Dim("batch"), 2: size * rows, 3: size * cols},))
+        generator,
+        (example,),
+        dynamo=True,
+        opset_version=opset,
+        verbose=False,
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        dynamic_shapes=({0: torch.export.Dim("batch"), 2: size * rows, 3: size * cols},),
+    )
     model = program.model_proto
     # torch.export's debug notes name this checkout's absolute paths (each node's stack trace) and print a set in
     # hash order (the graph's): without them the same weights give the same bytes in any clone and process, so a
@@ -78,20 +93,22 @@ def run_torch(generator: torch.nn.Module, batch: np.ndarray) -> np.ndarray:
 
 def in_chunks(images: np.ndarray, chunk: int = 16):
     for start in range(0, len(images), chunk):
-        yield images[start:start + chunk]
+        yield images[start : start + chunk]
 
 
-def check_parity(session: ort.InferenceSession, generator: torch.nn.Module, images: np.ndarray,
-                 atol: float) -> float:
+def check_parity(session: ort.InferenceSession, generator: torch.nn.Module, images: np.ndarray, atol: float) -> float:
     """Max |onnxruntime - torch| over `images` (model input layout); PipelineError when above `atol`."""
     if len(images) == 0:
         raise PipelineError("parity check: no test images to compare onnxruntime with PyTorch on")
     generator.eval()
-    error = max(float(np.abs(run_onnx(session, chunk) - run_torch(generator, chunk)).max())
-                for chunk in in_chunks(images))
+    error = max(
+        float(np.abs(run_onnx(session, chunk) - run_torch(generator, chunk)).max()) for chunk in in_chunks(images)
+    )
     if not error <= atol:  # also catches NaN
-        raise PipelineError(f"ONNX parity check failed: max |onnxruntime - torch| = {error:.3g} on "
-                            f"{len(images)} test images exceeds export.atol = {atol:g}")
+        raise PipelineError(
+            f"ONNX parity check failed: max |onnxruntime - torch| = {error:.3g} on "
+            f"{len(images)} test images exceeds export.atol = {atol:g}"
+        )
     return error
 
 
@@ -119,8 +136,9 @@ class _Calibration(CalibrationDataReader):
 
 def quantize_int8(fp32_path: Path, int8_path: Path, calibration_images: np.ndarray) -> None:
     """Static int8 quantization in QDQ form, activation ranges calibrated on `calibration_images`."""
-    quantize_static(str(fp32_path), str(int8_path), _Calibration(calibration_images),
-                    quant_format=QuantFormat.QDQ, per_channel=True)
+    quantize_static(
+        str(fp32_path), str(int8_path), _Calibration(calibration_images), quant_format=QuantFormat.QDQ, per_channel=True
+    )
     # quantize_static keeps neither our metadata nor the doc string; the int8 file must stand alone too.
     fp32, int8 = onnx.load(fp32_path), onnx.load(int8_path)
     onnx.helper.set_model_props(int8, {prop.key: prop.value for prop in fp32.metadata_props})

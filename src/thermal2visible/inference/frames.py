@@ -17,6 +17,7 @@ multiples of image_size) on a frame that is not the training square:
 `METHOD` is the one chosen by measurement (README, Serving; benchmarks/full_frame.py). With
 `face_crop`, the face box is also translated exactly as in training and pasted back into the box it came from.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Literal
@@ -44,7 +45,7 @@ def _padded(generate: Generate, image: np.ndarray, multiple: int) -> np.ndarray:
     extra_h, extra_w = (-height) % multiple, (-width) % multiple
     top, left = extra_h // 2, extra_w // 2
     padded = np.pad(image, ((top, extra_h - top), (left, extra_w - left), (0, 0)), mode="reflect")
-    return nhwc(generate(to_model(padded)))[0, top:top + height, left:left + width]
+    return nhwc(generate(to_model(padded)))[0, top : top + height, left : left + width]
 
 
 def _starts(length: int, side: int) -> list[int]:
@@ -59,13 +60,13 @@ def _tiled(generate: Generate, image: np.ndarray, side: int) -> np.ndarray:
     weight = np.outer(ramp, ramp)[:, :, None]
     blended, total = None, np.zeros((height, width, 1), np.float32)
     for start in range(0, len(origins), TILE_BATCH):
-        chunk = origins[start:start + TILE_BATCH]
-        outputs = nhwc(generate(to_model(np.stack([image[r:r + side, c:c + side] for r, c in chunk]))))
+        chunk = origins[start : start + TILE_BATCH]
+        outputs = nhwc(generate(to_model(np.stack([image[r : r + side, c : c + side] for r, c in chunk]))))
         if blended is None:
             blended = np.zeros((height, width, outputs.shape[3]), np.float32)
         for (row, col), output in zip(chunk, outputs):
-            blended[row:row + side, col:col + side] += weight * output
-            total[row:row + side, col:col + side] += weight
+            blended[row : row + side, col : col + side] += weight * output
+            total[row : row + side, col : col + side] += weight
     return blended / total
 
 
@@ -76,8 +77,9 @@ def model_size(height: int, width: int, side: int) -> tuple[int, int]:
     return max(side, round(height * scale)), max(side, round(width * scale))
 
 
-def translate_frame(generate: Generate, frame: np.ndarray, cfg: PreprocessConfig,
-                    method: Method = METHOD) -> np.ndarray:
+def translate_frame(
+    generate: Generate, frame: np.ndarray, cfg: PreprocessConfig, method: Method = METHOD
+) -> np.ndarray:
     """One thermal frame (HxW or HxWxC; uint8, uint16 or float temperatures) -> the visible frame as float32
     H x W x Cv in [0, 1]: same height and width, content in register with the input.
 
@@ -92,6 +94,7 @@ def translate_frame(generate: Generate, frame: np.ndarray, cfg: PreprocessConfig
     if cfg.face_crop:
         top, left, box_side = box
         face = nhwc(generate(to_model(training_view(normalised, box, cfg))))[0]
-        visible[top:top + box_side, left:left + box_side] = np.clip(_resized(from_model(face), box_side, box_side),
-                                                                    0.0, 1.0)
+        visible[top : top + box_side, left : left + box_side] = np.clip(
+            _resized(from_model(face), box_side, box_side), 0.0, 1.0
+        )
     return visible

@@ -10,6 +10,7 @@ and the version's `gate_basis` tag says so. A version that loses is the `challen
 so a rejected model stays inspectable and servable. A model that fails on its own input example (a frame of the
 kind it was trained on) is never registered: MLflow itself only logs a warning.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,10 +32,14 @@ CHALLENGER = "challenger"
 PSNR_TAG = "test_psnr"
 SAME_TEST_SET = "same test set, same code"
 UNSEEN_TEST_FRAMES = "the new test frames the champion never trained on, same code"
-NO_UNSEEN_FRAMES = ("not compared: the champion trained on every new test frame (other data); it stays champion, "
-                    "promote by hand if this version is better")
-CHAMPION_FRAMES_UNKNOWN = ("not compared: the champion was trained on other data and does not record which frames "
-                           "(registered before that was packed with it); it stays champion, promote by hand")
+NO_UNSEEN_FRAMES = (
+    "not compared: the champion trained on every new test frame (other data); it stays champion, "
+    "promote by hand if this version is better"
+)
+CHAMPION_FRAMES_UNKNOWN = (
+    "not compared: the champion was trained on other data and does not record which frames "
+    "(registered before that was packed with it); it stays champion, promote by hand"
+)
 STORED_TAGS = "stored test_psnr tags (test sets may differ)"
 
 
@@ -80,8 +85,9 @@ class TestFrames(Protocol):
         """The file hashes a registered model trained and validated on; None where it does not record them."""
 
 
-def _compare(client: MlflowClient, name: str, version: str, test_psnr: float, data_hash: str | None,
-             frames: TestFrames | None) -> tuple[float | None, dict[str, object]]:
+def _compare(
+    client: MlflowClient, name: str, version: str, test_psnr: float, data_hash: str | None, frames: TestFrames | None
+) -> tuple[float | None, dict[str, object]]:
     """(champion's score to beat, the gate record) for the new `version` of `name`.
 
     Same data: both are scored on all the new test frames. Other data: those frames may be ones the champion
@@ -116,13 +122,26 @@ def check_example_predicts(model_uri: str, example: pd.DataFrame, onnx_path: str
     try:
         validate_serving_input(model_uri, convert_input_example_to_serving_input(example))
     except MlflowException as error:
-        raise PipelineError(f"{onnx_path}: the packed model fails on its own input example, a frame of the kind it "
-                            f"was trained on ({error.message}); nothing was registered") from None
+        raise PipelineError(
+            f"{onnx_path}: the packed model fails on its own input example, a frame of the kind it "
+            f"was trained on ({error.message}); nothing was registered"
+        ) from None
 
 
-def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: float, parity_passed: bool,
-             metrics: dict[str, float], lineage: dict[str, str | None], max_pixels: int, max_model_pixels: int,
-             training_manifest: str | Path | None, frames: TestFrames | None = None) -> Registered:
+def register(
+    onnx_path: str | Path,
+    *,
+    name: str,
+    experiment: str,
+    test_psnr: float,
+    parity_passed: bool,
+    metrics: dict[str, float],
+    lineage: dict[str, str | None],
+    max_pixels: int,
+    max_model_pixels: int,
+    training_manifest: str | Path | None,
+    frames: TestFrames | None = None,
+) -> Registered:
     """Log the .onnx as a pyfunc in a `register` run, add it as a new version of `name`, gate it, set its alias.
 
     `metrics` go on the run; `lineage` (training run id, data hash, ...; None values skipped), the test PSNR, the
@@ -143,13 +162,19 @@ def register(onnx_path: str | Path, *, name: str, experiment: str, test_psnr: fl
     ensure_registered_model(client, name)
     # The version's run is the training run that made the weights: the run page lists the version, and the
     # version page links back to that run (the register run only packed them).
-    version = client.create_model_version(name, logged.model_uri, run_id=lineage.get("training_run_id") or
-                                          run.info.run_id, tags=tags, model_id=logged.model_id)
+    version = client.create_model_version(
+        name,
+        logged.model_uri,
+        run_id=lineage.get("training_run_id") or run.info.run_id,
+        tags=tags,
+        model_id=logged.model_id,
+    )
     before = champion_psnr(client, name)
     to_beat, record = _compare(client, name, version.version, test_psnr, lineage.get("data_hash"), frames)
     alias = gate(record.get("new_psnr", test_psnr), parity_passed, to_beat)
     for key, value in record.items():
-        client.set_model_version_tag(name, version.version, f"gate_{key}", str(value).lower()
-                                     if isinstance(value, bool) else str(value))
+        client.set_model_version_tag(
+            name, version.version, f"gate_{key}", str(value).lower() if isinstance(value, bool) else str(value)
+        )
     client.set_registered_model_alias(name, alias, version.version)
     return Registered(name, int(version.version), alias, before, record)

@@ -16,6 +16,7 @@ without the traceback, which goes to the server log instead. An image's base64 m
 bounded too: a frame the model would run at more than `max_model_pixels` pixels (`frames.model_size`: a thin
 frame grows when scaled to the training size) is refused before any row is translated.
 """
+
 from __future__ import annotations
 
 import base64
@@ -53,14 +54,23 @@ TRAINING_MANIFEST = "training_manifest"  # the pyfunc artifact holding the cache
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
 EXAMPLE_SIDE = 32
 # What the pyfunc imports when it runs (its own code travels with the model as code_paths: PACKED).
-REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML",
-                "pydantic")
+REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML", "pydantic")
 # The package files the served model runs: this module and what it imports, transitively, and nothing else (no
 # training, tracking or dev code; tests/test_inference_package.py checks the list against the imports).
 PACKAGE = Path(__file__).resolve().parents[1]
-PACKED = ("config.py", "errors.py", "pixels.py", "private_apis.py", "data/__init__.py", "data/images.py",
-          "data/preprocess.py", "inference/__init__.py", "inference/frames.py", "inference/serving.py",
-          "inference/session.py")
+PACKED = (
+    "config.py",
+    "errors.py",
+    "pixels.py",
+    "private_apis.py",
+    "data/__init__.py",
+    "data/images.py",
+    "data/preprocess.py",
+    "inference/__init__.py",
+    "inference/frames.py",
+    "inference/serving.py",
+    "inference/session.py",
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +110,10 @@ def decode_row(value: object, row: int, max_pixels: int) -> np.ndarray:
     if not isinstance(value, str):
         raise bad_request(f"{source}: expected a base64 string, got {type(value).__name__}")
     if len(value) > max_encoded_length(max_pixels):
-        raise bad_request(f"{source}: {len(value)} base64 characters; an image within max_pixels {max_pixels} "
-                          f"takes at most {max_encoded_length(max_pixels)} (refused before decoding)")
+        raise bad_request(
+            f"{source}: {len(value)} base64 characters; an image within max_pixels {max_pixels} "
+            f"takes at most {max_encoded_length(max_pixels)} (refused before decoding)"
+        )
     try:
         data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as error:
@@ -130,9 +142,11 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         `max_model_pixels` pixels: decided from the size alone, before any model call."""
         rows, cols = model_size(height, width, self.preprocess.image_size)
         if rows * cols > self.max_model_pixels:
-            raise bad_request(f"{where}: a {width}x{height} frame runs through the model at {cols}x{rows} = "
-                              f"{rows * cols} pixels (scaled by image_size {self.preprocess.image_size} / its shorter "
-                              f"side), over max_model_pixels {self.max_model_pixels} (refused before translating)")
+            raise bad_request(
+                f"{where}: a {width}x{height} frame runs through the model at {cols}x{rows} = "
+                f"{rows * cols} pixels (scaled by image_size {self.preprocess.image_size} / its shorter "
+                f"side), over max_model_pixels {self.max_model_pixels} (refused before translating)"
+            )
 
     def frame(self, value: object, row: int) -> np.ndarray:
         """One request value -> its decoded thermal frame, or a 400 naming the row and the problem."""
@@ -140,8 +154,10 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         self.check_work(*frame.shape[:2], f"row {row}")
         channels = 1 if frame.ndim == 2 else frame.shape[2]
         if channels != self.in_channels:
-            raise bad_request(f"row {row}: thermal image has {channels} channel(s); this model takes "
-                              f"{self.in_channels} ({'grey' if self.in_channels == 1 else 'RGB'})")
+            raise bad_request(
+                f"row {row}: thermal image has {channels} channel(s); this model takes "
+                f"{self.in_channels} ({'grey' if self.in_channels == 1 else 'RGB'})"
+            )
         return frame
 
     def translate(self, frame: np.ndarray, where: str) -> np.ndarray:
@@ -168,8 +184,9 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
             raise
         except Exception as error:  # a bug here, not a bad request: 500, traceback in the log only
             log.exception("translation failed")
-            raise ServingError(f"internal error while translating: {type(error).__name__}",
-                               error_code=INTERNAL_ERROR) from None
+            raise ServingError(
+                f"internal error while translating: {type(error).__name__}", error_code=INTERNAL_ERROR
+            ) from None
 
 
 def requirements() -> list[str]:
@@ -180,30 +197,38 @@ def requirements() -> list[str]:
 class ThermalKind:
     """The kind of thermal frame a model was trained on: what its input example, and a reader of the registry,
     must be told."""
+
     dtype: str  # as the cache's manifest recorded it: uint8, uint16 (counts) or float32/float64 (temperatures)
     channels: int
     preprocess: PreprocessConfig
 
     def __str__(self) -> str:
-        return (f"{self.dtype} {'grey' if self.channels == 1 else 'RGB'} thermal frame "
-                f"(thermal_norm: {self.preprocess.thermal_norm})")
+        return (
+            f"{self.dtype} {'grey' if self.channels == 1 else 'RGB'} thermal frame "
+            f"(thermal_norm: {self.preprocess.thermal_norm})"
+        )
 
 
 def thermal_kind(metadata: dict[str, object], where: str) -> ThermalKind:
     """The kind of frame of an .onnx's `onnx_metadata`; a PipelineError naming `where` for an export that did not
     record it."""
     if "thermal_dtype" not in metadata:
-        raise PipelineError(f"{where}: its metadata does not say which kind of thermal frame it was trained on "
-                            "(exported before models recorded thermal_dtype): run the export stage again")
-    return ThermalKind(metadata["thermal_dtype"], metadata["in_channels"],
-                       stored_section("preprocess", metadata["preprocess"]))
+        raise PipelineError(
+            f"{where}: its metadata does not say which kind of thermal frame it was trained on "
+            "(exported before models recorded thermal_dtype): run the export stage again"
+        )
+    return ThermalKind(
+        metadata["thermal_dtype"], metadata["in_channels"], stored_section("preprocess", metadata["preprocess"])
+    )
 
 
 def image_formats(kind: ThermalKind) -> dict[str, str]:
     """What the signature's strings hold (it says only "string"): the MLmodel file's metadata, for a reader of
     the registry."""
-    return {"input": f"image: base64 PNG/JPEG/TIFF thermal frame of any size; trained on {kind}",
-            "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it"}
+    return {
+        "input": f"image: base64 PNG/JPEG/TIFF thermal frame of any size; trained on {kind}",
+        "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it",
+    }
 
 
 def example_frame(kind: ThermalKind) -> np.ndarray:
@@ -211,7 +236,7 @@ def example_frame(kind: ThermalKind) -> np.ndarray:
     counts for integer frames."""
     dtype = np.dtype(kind.dtype)
     low, high = kind.preprocess.temperature_range if dtype.kind == "f" else (0, np.iinfo(dtype).max)
-    ramp = np.linspace(low, high, EXAMPLE_SIDE ** 2).reshape(EXAMPLE_SIDE, EXAMPLE_SIDE).astype(dtype)
+    ramp = np.linspace(low, high, EXAMPLE_SIDE**2).reshape(EXAMPLE_SIDE, EXAMPLE_SIDE).astype(dtype)
     return ramp if kind.channels == 1 else np.dstack([ramp] * kind.channels)
 
 
@@ -239,8 +264,9 @@ def packed_code() -> Iterator[Path]:
 
 
 @contextmanager
-def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: int,
-                     training_manifest: str | Path | None = None) -> Iterator[dict[str, object]]:
+def pyfunc_arguments(
+    onnx_path: str | Path, max_pixels: int, max_model_pixels: int, training_manifest: str | Path | None = None
+) -> Iterator[dict[str, object]]:
     """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc, valid while
     the context lasts: `with pyfunc_arguments(...) as arguments: mlflow.pyfunc.save_model(path, **arguments)`.
 
@@ -252,7 +278,13 @@ def pyfunc_arguments(onnx_path: str | Path, max_pixels: int, max_model_pixels: i
     kind = thermal_kind(onnx_metadata(onnx_session(onnx_path)), str(onnx_path))
     artifacts = {"onnx": str(onnx_path)} | ({TRAINING_MANIFEST: str(training_manifest)} if training_manifest else {})
     with packed_code() as code:
-        yield dict(python_model=ThermalToVisible(), artifacts=artifacts, code_paths=[str(code)],
-                   model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
-                   signature=SIGNATURE, metadata=image_formats(kind), input_example=example_request(kind),
-                   pip_requirements=requirements())
+        yield dict(
+            python_model=ThermalToVisible(),
+            artifacts=artifacts,
+            code_paths=[str(code)],
+            model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
+            signature=SIGNATURE,
+            metadata=image_formats(kind),
+            input_example=example_request(kind),
+            pip_requirements=requirements(),
+        )

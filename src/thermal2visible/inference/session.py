@@ -1,5 +1,6 @@
 """The exported generator at run time: an onnxruntime session of the .onnx, the metadata export.py stored in it, and
 one call. onnxruntime alone: what the served model runs needs neither torch nor onnx."""
+
 from __future__ import annotations
 
 import json

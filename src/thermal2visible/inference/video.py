@@ -5,6 +5,7 @@ Frames reach the model as 8-bit grey or RGB, or as 16-bit grey when the stream i
 The output is written to a hidden file beside the target and renamed when the last frame is in: a video that
 fails half-way (a corrupt frame, a frame the model refuses) leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,9 @@ def translate_video(model: FrameTranslator, source: Path, target: Path) -> int:
     return count
 
 
-def _transcode(model: FrameTranslator, reader, stream, source: Path, partial: Path, container: str,
-               rate: Fraction) -> int:
+def _transcode(
+    model: FrameTranslator, reader, stream, source: Path, partial: Path, container: str, rate: Fraction
+) -> int:
     # A 16-bit grey stream (a radiometric recording, e.g. FFV1 gray16le) keeps its 16 bits, as 16-bit images do.
     deep = (stream.codec_context.pix_fmt or "").startswith("gray16")
     decoded_as = ("gray16le" if deep else "gray") if model.in_channels == 1 else "rgb24"
@@ -90,14 +92,16 @@ def _transcode(model: FrameTranslator, reader, stream, source: Path, partial: Pa
                 try:
                     frame = next(frames, None)
                 except av.FFmpegError as error:
-                    raise PipelineError(f"{source}: frame {index}: cannot be decoded "
-                                        f"({error.strerror or error})") from None
+                    raise PipelineError(
+                        f"{source}: frame {index}: cannot be decoded ({error.strerror or error})"
+                    ) from None
                 if frame is None:
                     break
                 visible = model.translate(frame.to_ndarray(format=decoded_as), f"{source}: frame {index}")
                 # the encoder converts grey or RGB frames to its own pixel format
-                picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(visible),
-                                                     format="gray" if visible.ndim == 2 else "rgb24")
+                picture = av.VideoFrame.from_ndarray(
+                    np.ascontiguousarray(visible), format="gray" if visible.ndim == 2 else "rgb24"
+                )
                 picture.pts, picture.time_base = index, 1 / rate
                 writer.mux(out.encode(picture))
                 index += 1

@@ -4,6 +4,7 @@ pix2pixHD's multi-scale form of it.
 With n_layers 3 each output sees a 70x70 patch; at 256 px the map is 30x30 (2,768,705 parameters at ndf 64,
 batch norm, RGB pair). Images under 32 px are too small for three stride-2 layers, so fewer are used there.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,7 @@ def patch_gan(in_channels: int, ndf: int, norm: str, n_layers: int) -> nn.Sequen
     layers: list[nn.Module] = [nn.Conv2d(in_channels, ndf, 4, 2, 1), nn.LeakyReLU(0.2)]
     width = ndf
     for n in range(1, n_layers + 1):
-        wider = ndf * min(2 ** n, 8)
+        wider = ndf * min(2**n, 8)
         stride = 2 if n < n_layers else 1  # the last feature layer keeps the resolution
         layers += [nn.Conv2d(width, wider, 4, stride, 1, bias=bias), make_norm(norm, wider), nn.LeakyReLU(0.2)]
         width = wider

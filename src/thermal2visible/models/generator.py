@@ -4,6 +4,7 @@ log2(S) stride-2 encoder levels take the image down to 1x1; each decoder level d
 concatenates the encoder output of the same size (the skip connections). At 256 px, ngf 64, batch norm and
 RGB in/out this is exactly the network of the pix2pix paper (54,413,955 parameters).
 """
+
 from __future__ import annotations
 
 import math
@@ -62,47 +63,58 @@ def run_block(block: nn.Module, x: torch.Tensor, recompute: bool) -> torch.Tenso
     return block(x)
 
 
-def generator_config(in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str,
-                     dropout: float) -> dict:
+def generator_config(in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float) -> dict:
     """What models.networks.build_generator needs to rebuild a generator (plain types: saved with the weights)."""
     if in_channels not in (1, 3):
         raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
-    return {"in_channels": in_channels, "out_channels": out_channels, "image_size": image_size, "ngf": ngf,
-            "norm": norm, "dropout": dropout}
+    return {
+        "in_channels": in_channels,
+        "out_channels": out_channels,
+        "image_size": image_size,
+        "ngf": ngf,
+        "norm": norm,
+        "dropout": dropout,
+    }
 
 
 class UNetGenerator(nn.Module):
     kind = "unet"  # model.generator
 
-    def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str,
-                 dropout: float, recompute: bool):
+    def __init__(
+        self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
+    ):
         super().__init__()
         levels = int(math.log2(image_size))
-        if image_size < 16 or 2 ** levels != image_size:
+        if image_size < 16 or 2**levels != image_size:
             raise ValueError(f"image_size {image_size} must be a power of two >= 16")
         self.recompute = recompute
         self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
         # Batch norm has its own shift, so the convolutions before it need no bias (as in pix2pix).
         bias = norm != "batch"
-        width = [ngf * min(2 ** level, 8) for level in range(levels)]
+        width = [ngf * min(2**level, 8) for level in range(levels)]
 
         self.encoder = nn.ModuleList([nn.Conv2d(in_channels, ngf, 4, 2, 1, bias=bias)])
         for level in range(1, levels):
             innermost = level == levels - 1
-            self.encoder.append(nn.Sequential(
-                nn.LeakyReLU(0.2),
-                nn.Conv2d(width[level - 1], width[level], 4, 2, 1, bias=bias),
-                nn.Identity() if innermost else make_norm(norm, width[level]),  # a 1x1 map has nothing to normalise
-            ))
+            self.encoder.append(
+                nn.Sequential(
+                    nn.LeakyReLU(0.2),
+                    nn.Conv2d(width[level - 1], width[level], 4, 2, 1, bias=bias),
+                    nn.Identity() if innermost else make_norm(norm, width[level]),  # a 1x1 map has nothing to normalise
+                )
+            )
 
         # decoder[level] maps the level's input (skip + upsampled, or the bottleneck alone) to width[level - 1].
-        self.decoder = nn.ModuleList([nn.Sequential(
-            nn.ReLU(), nn.ConvTranspose2d(2 * ngf, out_channels, 4, 2, 1), nn.Tanh())])
+        self.decoder = nn.ModuleList(
+            [nn.Sequential(nn.ReLU(), nn.ConvTranspose2d(2 * ngf, out_channels, 4, 2, 1), nn.Tanh())]
+        )
         for level in range(1, levels):
             innermost = level == levels - 1
-            blocks = [nn.ReLU(),
-                      nn.ConvTranspose2d(width[level] * (1 if innermost else 2), width[level - 1], 4, 2, 1, bias=bias),
-                      make_norm(norm, width[level - 1])]
+            blocks = [
+                nn.ReLU(),
+                nn.ConvTranspose2d(width[level] * (1 if innermost else 2), width[level - 1], 4, 2, 1, bias=bias),
+                make_norm(norm, width[level - 1]),
+            ]
             if level >= levels - DROPOUT_LEVELS and dropout > 0:
                 blocks.append(nn.Dropout(dropout))
             self.decoder.append(nn.Sequential(*blocks))

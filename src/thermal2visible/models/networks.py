@@ -1,4 +1,5 @@
 """Which generator class model.generator names, and rebuilding one from what a payload saved of it."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -11,6 +11,7 @@ RecognizerPayload models/recognizer.pt: written by the train_recognizer stage, r
                   {"identities", "state_dict", "model" (IdentityRecognizer's arguments)}; data without identity
                   labels gets {"identities": []} alone.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -106,8 +107,10 @@ def load_recognizer(path: str | Path, identities: list[str]) -> tuple[IdentityRe
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         if payload["identities"] != list(identities):
-            raise PipelineError(f"{path}: trained on identities {payload['identities'][:4]}..., the data has "
-                                f"{list(identities)[:4]}... (re-run train_recognizer)")
+            raise PipelineError(
+                f"{path}: trained on identities {payload['identities'][:4]}..., the data has "
+                f"{list(identities)[:4]}... (re-run train_recognizer)"
+            )
         model = IdentityRecognizer(**payload["model"])
         model.load_state_dict(payload["state_dict"])
     except (KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as error:

@@ -4,6 +4,7 @@ Trained on the visible training images (pipelines/train_recognizer.py); Pix2Pix 
 person a generated face shows and adds the cross-entropy against the true person to the generator's loss. Its file
 is the recognizer payload (models/payloads.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,7 @@ class IdentityRecognizer(nn.Module):
         layers: list[nn.Module] = []
         channels = in_channels
         for stage in range(STAGES):
-            wider = width * 2 ** stage
+            wider = width * 2**stage
             layers += [nn.Conv2d(channels, wider, 3, 2, 1, bias=False), nn.BatchNorm2d(wider), nn.ReLU()]
             channels = wider
         self.features = nn.Sequential(*layers)
@@ -32,4 +33,3 @@ class IdentityRecognizer(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B,C,S,S) in [-1,1] -> identity logits (B, num_identities)."""
         return self.classify(self.embed(images))
-

@@ -11,6 +11,7 @@ weights, which keeps the convolutions' biases instead: 11,378,179 here too).
 model.dropout is the public code's `use_dropout`: dropout between the two convolutions of every residual block
 (the public code's pix2pix turns it on at 0.5); 0 leaves it out.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,12 @@ RESIDUAL_BLOCKS = 9
 class ResidualBlock(nn.Module):
     def __init__(self, channels: int, norm: str, dropout: float, bias: bool):
         super().__init__()
-        layers = [nn.ReflectionPad2d(1), nn.Conv2d(channels, channels, 3, bias=bias), make_norm(norm, channels),
-                  nn.ReLU()]
+        layers = [
+            nn.ReflectionPad2d(1),
+            nn.Conv2d(channels, channels, 3, bias=bias),
+            make_norm(norm, channels),
+            nn.ReLU(),
+        ]
         if dropout > 0:
             layers.append(nn.Dropout(dropout))
         layers += [nn.ReflectionPad2d(1), nn.Conv2d(channels, channels, 3, bias=bias), make_norm(norm, channels)]
@@ -38,23 +43,33 @@ class ResidualBlock(nn.Module):
 class ResnetGenerator(nn.Module):
     kind = "resnet"  # model.generator
 
-    def __init__(self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str,
-                 dropout: float, recompute: bool):
+    def __init__(
+        self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
+    ):
         super().__init__()
         if image_size < 16 or image_size % 4:
             raise ValueError(f"image_size {image_size} must be a multiple of 4 >= 16 (two halvings and back)")
         self.recompute = recompute
         self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
         bias = norm != "batch"  # batch norm has its own shift (as in the public code)
-        stages = [nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(in_channels, ngf, 7, bias=bias),
-                                make_norm(norm, ngf), nn.ReLU())]
+        stages = [
+            nn.Sequential(
+                nn.ReflectionPad2d(3), nn.Conv2d(in_channels, ngf, 7, bias=bias), make_norm(norm, ngf), nn.ReLU()
+            )
+        ]
         for width in (ngf, 2 * ngf):
-            stages.append(nn.Sequential(nn.Conv2d(width, 2 * width, 3, 2, 1, bias=bias), make_norm(norm, 2 * width),
-                                        nn.ReLU()))
+            stages.append(
+                nn.Sequential(nn.Conv2d(width, 2 * width, 3, 2, 1, bias=bias), make_norm(norm, 2 * width), nn.ReLU())
+            )
         stages += [ResidualBlock(4 * ngf, norm, dropout, bias) for _ in range(RESIDUAL_BLOCKS)]
         for width in (4 * ngf, 2 * ngf):
-            stages.append(nn.Sequential(nn.ConvTranspose2d(width, width // 2, 3, 2, 1, output_padding=1, bias=bias),
-                                        make_norm(norm, width // 2), nn.ReLU()))
+            stages.append(
+                nn.Sequential(
+                    nn.ConvTranspose2d(width, width // 2, 3, 2, 1, output_padding=1, bias=bias),
+                    make_norm(norm, width // 2),
+                    nn.ReLU(),
+                )
+            )
         stages.append(nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(ngf, out_channels, 7), nn.Tanh()))
         self.stages = nn.ModuleList(stages)
         init_weights(self)

@@ -1,4 +1,5 @@
 """Metrics that reach MLflow exactly once per epoch, even when a killed run resumes and repeats an epoch."""
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -42,8 +43,11 @@ class CheckpointedMLFlowLogger(MLFlowLogger):
     def log_missing(self, waiting: list[tuple[dict[str, float], int]]) -> None:
         """Log those of a checkpoint's waiting metrics that the run does not have yet."""
         for metrics, step in waiting:
-            missing = {key: value for key, value in metrics.items()
-                       if step not in {m.step for m in self.experiment.get_metric_history(self.run_id, key)}}
+            missing = {
+                key: value
+                for key, value in metrics.items()
+                if step not in {m.step for m in self.experiment.get_metric_history(self.run_id, key)}
+            }
             if missing:
                 super().log_metrics(missing, step)
             self.checkpointed_step = max(self.checkpointed_step, step)

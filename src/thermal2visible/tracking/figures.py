@@ -1,4 +1,5 @@
 """The pictures a run logs: the PSNR curve (the paper's Fig. 4) and thermal | generated | real grids."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +30,7 @@ def image_rows(*rows: torch.Tensor, gap: int = 2) -> np.ndarray:
     grid = np.full((len(rows) * (side + gap) - gap, count * (side + gap) - gap, 3), 255, np.uint8)
     for r, row in enumerate(pictures):
         for c, image in enumerate(row):
-            grid[r * (side + gap):r * (side + gap) + side, c * (side + gap):c * (side + gap) + side] = image
+            grid[r * (side + gap) : r * (side + gap) + side, c * (side + gap) : c * (side + gap) + side] = image
     return grid
 
 
@@ -43,8 +44,14 @@ def save_grid(grid: np.ndarray, path: str | Path) -> None:
     plt.imsave(path, grid)
 
 
-def save_psnr_curve(path: str | Path, history: Sequence[float], smoothed: Sequence[float | None],
-                    best_epoch: int, stopped_epoch: int, window: int) -> None:
+def save_psnr_curve(
+    path: str | Path,
+    history: Sequence[float],
+    smoothed: Sequence[float | None],
+    best_epoch: int,
+    stopped_epoch: int,
+    window: int,
+) -> None:
     """Raw and smoothed validation PSNR per epoch, the best smoothed epoch and the stop (the paper's Fig. 4)."""
     epochs = np.arange(1, len(history) + 1)
     figure, axes = plt.subplots(figsize=(7, 4))
@@ -52,8 +59,14 @@ def save_psnr_curve(path: str | Path, history: Sequence[float], smoothed: Sequen
     smooth = np.array([np.nan if value is None else value for value in smoothed], dtype=float)
     axes.plot(epochs, smooth, color="tab:blue", linewidth=2, label=f"moving average ({window} epochs)")
     if best_epoch:
-        axes.plot(best_epoch, smooth[best_epoch - 1], "o", color="tab:green", markersize=8,
-                  label=f"best: epoch {best_epoch}, {smooth[best_epoch - 1]:.2f} dB")
+        axes.plot(
+            best_epoch,
+            smooth[best_epoch - 1],
+            "o",
+            color="tab:green",
+            markersize=8,
+            label=f"best: epoch {best_epoch}, {smooth[best_epoch - 1]:.2f} dB",
+        )
     axes.axvline(stopped_epoch, color="tab:red", linestyle="--", label=f"stopped: epoch {stopped_epoch}")
     axes.set(xlabel="epoch", ylabel="validation PSNR (dB)", title="PSNR early stopping")
     axes.legend(loc="lower right")
@@ -69,8 +82,15 @@ class ImageGridLogger(Callback):
     def __init__(self, every: int, count: int = 6):
         self.every, self.count = every, count
 
-    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: torch.Tensor,
-                                batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: torch.Tensor,
+        batch: dict,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         epoch = trainer.current_epoch + 1
         if batch_idx or trainer.sanity_checking or not trainer.is_global_zero or self.every < 1 or epoch % self.every:
             return

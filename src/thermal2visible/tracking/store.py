@@ -9,6 +9,7 @@ The data version is `data_hash`: the md5 of data/cache/manifest.json. The manife
 sha256 and the preprocess params, so it changes exactly when the cache's inputs change (unlike the dvc.lock hash
 it exists outside `dvc repro` too, e.g. for a stage run by hand).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -42,8 +43,10 @@ def tracking_uri() -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     if urlsplit(uri).scheme in ("http", "https") and urlsplit(uri).password:
         # MLflow prints the URI in every "View run ... at: <uri>" line: terminals, DVC and CI logs.
-        raise ConfigError("MLFLOW_TRACKING_URI: holds a password, which MLflow would print; put the user and "
-                          "password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead")
+        raise ConfigError(
+            "MLFLOW_TRACKING_URI: holds a password, which MLflow would print; put the user and "
+            "password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead"
+        )
     return uri
 
 
@@ -51,8 +54,8 @@ def absolute_tracking_uri() -> str:
     """The project's tracking URI, a relative sqlite path made absolute so processes in other folders share it."""
     uri = tracking_uri()
     prefix = "sqlite:///"
-    if uri.startswith(prefix) and not Path(uri[len(prefix):]).is_absolute():
-        return prefix + str(Path.cwd() / uri[len(prefix):])
+    if uri.startswith(prefix) and not Path(uri[len(prefix) :]).is_absolute():
+        return prefix + str(Path.cwd() / uri[len(prefix) :])
     return uri
 
 
@@ -97,6 +100,7 @@ def data_hash(cache_dir: str | Path) -> str:
 
 def git_tags() -> dict[str, str]:
     """The commit the code came from, and whether the sources (not the pipeline's outputs) differed from it."""
+
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10).stdout
@@ -127,9 +131,15 @@ def log_dataset(client: MlflowClient, run_id: str, cache_dir: Path, digest: str,
     client.log_inputs(run_id, [DatasetInput(Dataset(**dataset.to_dict()), [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
 
 
-def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str, str] | None = None,
-              run_id: str | None = None, logger_class: type[MLFlowLogger] = MLFlowLogger,
-              dataset_context: str | None = None) -> MLFlowLogger:
+def start_run(
+    params: Params,
+    name: str,
+    sections: Sequence[str],
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+    logger_class: type[MLFlowLogger] = MLFlowLogger,
+    dataset_context: str | None = None,
+) -> MLFlowLogger:
     """A new MLflow run logging `params.flat(*sections)` and `tags`, or (run_id) the existing run to continue.
 
     Every run carries `run_identity`. With `dataset_context` (training, evaluation) it reads data/cache: the run
@@ -148,8 +158,9 @@ def start_run(params: Params, name: str, sections: Sequence[str], tags: dict[str
         experiment = client.get_experiment(client.get_run(parent).info.experiment_id).name
         tags[MLFLOW_PARENT_RUN_ID] = parent
     ensure_experiment(client, experiment)  # MLFlowLogger's own get-or-create fails when two runs race
-    logger = logger_class(experiment_name=experiment, run_name=name, tracking_uri=tracking_uri(), tags=tags,
-                          run_id=run_id)
+    logger = logger_class(
+        experiment_name=experiment, run_name=name, tracking_uri=tracking_uri(), tags=tags, run_id=run_id
+    )
     if run_id is None:  # a continued run has them already, and MLflow refuses to change a logged param
         logger.log_hyperparams(params.flat(*sections))
         if digest and logger.run_id:
@@ -167,13 +178,15 @@ def training_run_id(fingerprint: str | None) -> str | None:
         return None
     client = open_store(tracking_uri())
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
-    runs = client.search_runs(experiments, f"tags.fingerprint = '{fingerprint}' and attributes.run_name = 'train'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        experiments,
+        f"tags.fingerprint = '{fingerprint}' and attributes.run_name = 'train'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return runs[0].info.run_id if runs else None
 
 
 def log_artifact(logger: MLFlowLogger, path: str | Path) -> None:
     if logger.run_id:  # None on ranks other than 0
         logger.experiment.log_artifact(logger.run_id, str(path))
-
-

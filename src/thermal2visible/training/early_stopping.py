@@ -7,6 +7,7 @@ Lightning's checkpoint, so a resumed run makes the same decisions as one that wa
 generator's file is written only once a checkpoint records that epoch as the best (see `_keep_best`), so a kill
 never leaves a best file that the resumed run disagrees with.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,14 @@ from thermal2visible.models.payloads import save_generator
 
 
 class PsnrEarlyStopping(Callback):
-    def __init__(self, window: int, patience: int, best_path: str | Path | None = None,
-                 metadata: dict | None = None, monitor: str = "val_psnr"):
+    def __init__(
+        self,
+        window: int,
+        patience: int,
+        best_path: str | Path | None = None,
+        metadata: dict | None = None,
+        monitor: str = "val_psnr",
+    ):
         if window < 1 or patience < 1:
             raise ValueError("window and patience must be >= 1")
         self.window, self.patience, self.monitor = window, patience, monitor
@@ -33,8 +40,10 @@ class PsnrEarlyStopping(Callback):
 
     def smoothed(self) -> list[float | None]:
         """The moving average at every epoch so far; None until `window` epochs exist."""
-        return [None if epoch < self.window else sum(self.history[epoch - self.window:epoch]) / self.window
-                for epoch in range(1, len(self.history) + 1)]
+        return [
+            None if epoch < self.window else sum(self.history[epoch - self.window : epoch]) / self.window
+            for epoch in range(1, len(self.history) + 1)
+        ]
 
     @property
     def should_stop(self) -> bool:
@@ -54,14 +63,21 @@ class PsnrEarlyStopping(Callback):
 
     def summary(self) -> dict:
         """What metrics/train.json reports about the stopping decision."""
-        return {"best_epoch": self.best_epoch, "stopped_epoch": len(self.history),
-                "best_psnr_smoothed": self.best_smoothed if self.best_epoch else None,
-                "best_psnr": self.history[self.best_epoch - 1] if self.best_epoch else None,
-                "epochs_run": len(self.history)}
+        return {
+            "best_epoch": self.best_epoch,
+            "stopped_epoch": len(self.history),
+            "best_psnr_smoothed": self.best_smoothed if self.best_epoch else None,
+            "best_psnr": self.history[self.best_epoch - 1] if self.best_epoch else None,
+            "epochs_run": len(self.history),
+        }
 
     def state_dict(self) -> dict:
-        return {"history": list(self.history), "best_smoothed": self.best_smoothed, "best_epoch": self.best_epoch,
-                "wait": self.wait}
+        return {
+            "history": list(self.history),
+            "best_smoothed": self.best_smoothed,
+            "best_epoch": self.best_epoch,
+            "wait": self.wait,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = list(state_dict["history"])
@@ -79,8 +95,15 @@ class PsnrEarlyStopping(Callback):
         """
         latest = len(self.history)
         if self.best_path and trainer.is_global_zero and self.best_epoch == latest and self.kept_epoch != latest:
-            save_generator(pl_module.generator, self.best_path, pl_module.cfg.test_mode, epoch=self.best_epoch,
-                           psnr_smoothed=self.best_smoothed, psnr=self.history[-1], **self.metadata)
+            save_generator(
+                pl_module.generator,
+                self.best_path,
+                pl_module.cfg.test_mode,
+                epoch=self.best_epoch,
+                psnr_smoothed=self.best_smoothed,
+                psnr=self.history[-1],
+                **self.metadata,
+            )
             self.kept_epoch = latest
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

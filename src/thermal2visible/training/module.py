@@ -10,6 +10,7 @@ same step as one process with the whole batch (tests/test_ddp.py). With them, tw
 paper's multi-GPU runs do: batch norm normalises each process's share, and each rank draws its own crops and dropout
 masks (resume.RandomStreams).
 """
+
 from __future__ import annotations
 
 import math
@@ -69,9 +70,11 @@ def feature_matching(judged_fake: list[list[torch.Tensor]], judged_real: list[li
     generated and on the real pair, the real ones as fixed targets; each layer weighted 4 / (its scale's n_layers
     + 1), i.e. 4 / its number of feature layers, and each scale 1 / the number of scales."""
     scales = len(judged_fake)
-    return sum(4 / (len(fake_outputs) - 1) / scales * F.l1_loss(fake.float(), real.detach().float())
-               for fake_outputs, real_outputs in zip(judged_fake, judged_real, strict=True)
-               for fake, real in zip(fake_outputs[:-1], real_outputs[:-1], strict=True))
+    return sum(
+        4 / (len(fake_outputs) - 1) / scales * F.l1_loss(fake.float(), real.detach().float())
+        for fake_outputs, real_outputs in zip(judged_fake, judged_real, strict=True)
+        for fake, real in zip(fake_outputs[:-1], real_outputs[:-1], strict=True)
+    )
 
 
 @contextmanager
@@ -88,17 +91,26 @@ def frozen(network: nn.Module):
 
 
 class Pix2Pix(LightningModule):
-    def __init__(self, model: ModelConfig, train: TrainConfig, image_size: int, thermal_channels: int,
-                 visible_channels: int, recognizer: nn.Module | None = None):
+    def __init__(
+        self,
+        model: ModelConfig,
+        train: TrainConfig,
+        image_size: int,
+        thermal_channels: int,
+        visible_channels: int,
+        recognizer: nn.Module | None = None,
+    ):
         super().__init__()
         if train.lambda_id > 0 and recognizer is None:
             raise ValueError("train.lambda_id > 0 needs the identity recognizer")
         self.automatic_optimization = False
         self.cfg = train
-        self.generator = GENERATORS[model.generator](thermal_channels, visible_channels, image_size, model.ngf,
-                                                     model.norm, model.dropout, model.recompute)
-        self.discriminator = MultiScaleDiscriminator(thermal_channels + visible_channels, model.ndf, model.norm,
-                                                     image_size, model.discriminator_scales)
+        self.generator = GENERATORS[model.generator](
+            thermal_channels, visible_channels, image_size, model.ngf, model.norm, model.dropout, model.recompute
+        )
+        self.discriminator = MultiScaleDiscriminator(
+            thermal_channels + visible_channels, model.ndf, model.norm, image_size, model.discriminator_scales
+        )
         self.recognizer = recognizer if train.lambda_id > 0 else None
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0
@@ -134,8 +146,12 @@ class Pix2Pix(LightningModule):
         D's weights and optimizer state (D steps before G's loss exists, since G's loss needs the updated D)."""
         if self.cfg.update_rule == "simultaneous":
             return self._statistics()  # both losses are checked before either network steps
-        moments = [value for weight in self.discriminator.parameters()
-                   for value in opt_d.optimizer.state.get(weight, {}).values() if torch.is_tensor(value)]
+        moments = [
+            value
+            for weight in self.discriminator.parameters()
+            for value in opt_d.optimizer.state.get(weight, {}).values()
+            if torch.is_tensor(value)
+        ]
         return [*self._statistics(), *self.discriminator.parameters(), *moments]
 
     @torch.no_grad()
@@ -178,7 +194,8 @@ class Pix2Pix(LightningModule):
             raise TrainingDiverged(
                 f"training diverged: {self.bad_steps} steps with a non-finite loss or gradient (train.max_bad_steps "
                 f"= {self.cfg.max_bad_steps}) at epoch {self.current_epoch + 1}; lower train.lr_g/lr_d or use "
-                "train.precision: 32-true")
+                "train.precision: 32-true"
+            )
 
     def _statistics(self) -> list[torch.Tensor]:
         return [*self.generator.buffers(), *self.discriminator.buffers()]
@@ -192,11 +209,17 @@ class Pix2Pix(LightningModule):
         if losses is None:
             return self._skip(snapshot, opt_d)
         self.images_seen += len(thermal)
-        self.log_dict({name: value.detach() for name, value in losses.items()}, on_step=False, on_epoch=True,
-                      sync_dist=True, batch_size=len(thermal))
+        self.log_dict(
+            {name: value.detach() for name, value in losses.items()},
+            on_step=False,
+            on_epoch=True,
+            sync_dist=True,
+            batch_size=len(thermal),
+        )
 
-    def _alternating(self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g,
-                     opt_d) -> dict[str, torch.Tensor] | None:
+    def _alternating(
+        self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g, opt_d
+    ) -> dict[str, torch.Tensor] | None:
         """The public PyTorch pix2pix code's rule: D steps, then G's loss against the updated D (a third D forward).
         The losses, or None for a non-finite step."""
         generate = self.replicas.get("generator", self.generator)
@@ -204,8 +227,10 @@ class Pix2Pix(LightningModule):
         fake = generate(thermal)  # once per step; D sees it detached, G's loss backpropagates through it
 
         # Discriminator: real pairs -> "real", generated pairs -> "fake".
-        loss_d = 0.5 * (adversarial_loss(judge(thermal, real), True, self.cfg.gan_mode)
-                        + adversarial_loss(judge(thermal, fake.detach()), False, self.cfg.gan_mode))
+        loss_d = 0.5 * (
+            adversarial_loss(judge(thermal, real), True, self.cfg.gan_mode)
+            + adversarial_loss(judge(thermal, fake.detach()), False, self.cfg.gan_mode)
+        )
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(loss_d)
         if not self._finite(loss_d, self.discriminator):
@@ -228,16 +253,19 @@ class Pix2Pix(LightningModule):
         opt_g.step()
         return losses
 
-    def _simultaneous(self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g,
-                      opt_d) -> dict[str, torch.Tensor] | None:
+    def _simultaneous(
+        self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g, opt_d
+    ) -> dict[str, torch.Tensor] | None:
         """The TensorFlow pix2pix recipe: both losses from one forward of each pair (G's adversarial gradient from
         the D before its step), then both networks step: one D forward fewer. The losses, or None."""
         generate = self.replicas.get("generator", self.generator)
         judge = self.replicas.get("discriminator", self.discriminator)
         fake = generate(thermal)
         judged_real, judged_fake = judge(thermal, real), judge(thermal, fake)  # fake not detached: G's loss uses it
-        loss_d = 0.5 * (adversarial_loss(judged_real, True, self.cfg.gan_mode)
-                        + adversarial_loss(judged_fake, False, self.cfg.gan_mode))
+        loss_d = 0.5 * (
+            adversarial_loss(judged_real, True, self.cfg.gan_mode)
+            + adversarial_loss(judged_fake, False, self.cfg.gan_mode)
+        )
         losses = {"loss_d": loss_d, **self.generator_losses(real, fake, judged_fake, judged_real, batch)}
 
         # Each loss differentiated for its own network's weights only, so neither adds gradient to the other network,
@@ -264,8 +292,14 @@ class Pix2Pix(LightningModule):
         opt_g.step()
         return losses
 
-    def generator_losses(self, real: torch.Tensor, fake: torch.Tensor, judged_fake: list[list[torch.Tensor]],
-                         judged_real: list[list[torch.Tensor]] | None, batch: dict) -> dict[str, torch.Tensor]:
+    def generator_losses(
+        self,
+        real: torch.Tensor,
+        fake: torch.Tensor,
+        judged_fake: list[list[torch.Tensor]],
+        judged_real: list[list[torch.Tensor]] | None,
+        batch: dict,
+    ) -> dict[str, torch.Tensor]:
         """G's losses from D's outputs on the generated pair (and on the real pair, for feature matching)."""
         loss_gan = adversarial_loss(judged_fake, True, self.cfg.gan_mode)
         loss_l1 = F.l1_loss(fake.float(), real.float())
@@ -295,8 +329,10 @@ class Pix2Pix(LightningModule):
         opt_g, _ = self.optimizers()
         images_per_s = self.images_seen * self.trainer.world_size / max(self.train_seconds, 1e-9)
         # "step" sets the MLflow step: epochs, not Lightning's global_step (which counts both optimizers' steps).
-        self.log_dict({"lr": opt_g.param_groups[0]["lr"], "images_per_s": images_per_s,
-                       "step": float(self.current_epoch + 1)}, sync_dist=True)
+        self.log_dict(
+            {"lr": opt_g.param_groups[0]["lr"], "images_per_s": images_per_s, "step": float(self.current_epoch + 1)},
+            sync_dist=True,
+        )
         for scheduler in self.lr_schedulers() or []:
             scheduler.step()
 
@@ -322,9 +358,15 @@ class Pix2Pix(LightningModule):
 
     def configure_optimizers(self):
         t = self.cfg
-        optimizers = [torch.optim.Adam(net.parameters(), scaled_lr(lr, t.batch_size, t.base_batch_size, t.lr_scaling),
-                                       betas=(t.beta1, t.beta2), fused=True if t.fused_adam else None)
-                      for net, lr in ((self.generator, t.lr_g), (self.discriminator, t.lr_d))]
+        optimizers = [
+            torch.optim.Adam(
+                net.parameters(),
+                scaled_lr(lr, t.batch_size, t.base_batch_size, t.lr_scaling),
+                betas=(t.beta1, t.beta2),
+                fused=True if t.fused_adam else None,
+            )
+            for net, lr in ((self.generator, t.lr_g), (self.discriminator, t.lr_d))
+        ]
         if not t.lr_decay_epochs:
             return optimizers
         decay = linear_decay(t.max_epochs, t.lr_decay_epochs)

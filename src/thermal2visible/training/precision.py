@@ -1,5 +1,6 @@
 """Which device and precision a run takes: `auto` resolved on this machine. The resolved precision, not the word
 `auto`, defines a run's weights (resume.run_fingerprint), so one module owns the resolution."""
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,10 @@ def resolve_accelerator(accelerator: str) -> str:
     if accelerator == "auto":
         return "gpu" if torch.cuda.is_available() else "cpu"
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.accelerator: {accelerator}, but this PyTorch ({torch.__version__}) sees no CUDA GPU "
-                          "(a CPU build, or no driver); set train.accelerator: auto to train on the CPU")
+        raise ConfigError(
+            f"train.accelerator: {accelerator}, but this PyTorch ({torch.__version__}) sees no CUDA GPU "
+            "(a CPU build, or no driver); set train.accelerator: auto to train on the CPU"
+        )
     return accelerator
 
 
@@ -41,6 +44,8 @@ def resolve_precision(precision: str, accelerator: str) -> str:
         print(f"notice: train.precision 16-mixed is for GPUs; using {cpu_mixed} on this CPU")
         return cpu_mixed
     if precision == "bf16-mixed" and cpu_mixed == "32-true":
-        print("notice: this CPU has no bf16 instructions: train.precision bf16-mixed runs emulated, several times "
-              "slower than 32-true (train.precision: auto picks the faster)")
+        print(
+            "notice: this CPU has no bf16 instructions: train.precision bf16-mixed runs emulated, several times "
+            "slower than 32-true (train.precision: auto picks the faster)"
+        )
     return cpu_mixed if precision == "auto" else precision

@@ -23,6 +23,7 @@ The protocol:
   6. An epoch's metrics reach MLflow only once its checkpoint exists, and a resumed run logs those the checkpoint
      holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,12 +57,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def run_fingerprint(params: Params, data_hash: str, recognizer_hash: str | None = None) -> str:
     """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint."""
-    defining = {section: {key: getattr(getattr(params, section), key) for key in keys}
-                for section, keys in weight_defining().items()}
+    defining = {
+        section: {key: getattr(getattr(params, section), key) for key in keys}
+        for section, keys in weight_defining().items()
+    }
     # `auto` is hashed as what it means on this machine: a checkpoint carried to a machine where it means another
     # precision (bf16-mixed with bf16 instructions, 32-true without, 16-mixed on a GPU) starts afresh.
-    defining["train"]["precision"] = resolve_precision(params.train.precision,
-                                                       resolve_accelerator(params.train.accelerator))
+    defining["train"]["precision"] = resolve_precision(
+        params.train.precision, resolve_accelerator(params.train.accelerator)
+    )
     for (section, key), before in added_later().items():
         if defining[section][key] == before:
             del defining[section][key]
@@ -81,9 +85,12 @@ def seed_rank(seed: int, rank: int) -> None:
 def random_state() -> dict:
     """This process's random state, as plain types and tensors (what a weights_only checkpoint may hold)."""
     name, keys, position, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
-            "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
+        "python": random.getstate(),
+    }
 
 
 def set_random_state(state: dict) -> None:
@@ -145,12 +152,15 @@ def checkpointing(directory: Path, fingerprint: str, mlflow_run_id: str | None) 
 
     (A "top 1" by recency named "last": Lightning's save_last alone only writes when a top-k file was written.)
     """
-    return [ModelCheckpoint(dirpath=directory, filename=LAST, save_top_k=1, enable_version_counter=False),
-            RunStamp(fingerprint, mlflow_run_id)]
+    return [
+        ModelCheckpoint(dirpath=directory, filename=LAST, save_top_k=1, enable_version_counter=False),
+        RunStamp(fingerprint, mlflow_run_id),
+    ]
 
 
-def find_resume(directory: Path, fingerprint: str, mode: str,
-                stale: Sequence[Path] = ()) -> tuple[Path | None, str | None]:
+def find_resume(
+    directory: Path, fingerprint: str, mode: str, stale: Sequence[Path] = ()
+) -> tuple[Path | None, str | None]:
     """(checkpoint to continue from, its MLflow run id), or (None, None) for a fresh start.
 
     A fresh start deletes last.ckpt and the `stale` files that belonged to the old run (on rank 0).

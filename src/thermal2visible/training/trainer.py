@@ -1,5 +1,6 @@
 """The Lightning Trainer built from params: device, precision, DDP over processes/nodes (resume.py: what it
 saves and how a run resumes)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,9 +39,11 @@ def refuse_other_preprocessing(params: Params, manifest: dict) -> None:
     asked = json.loads(json.dumps(dataclasses.asdict(params.preprocess)))  # tuples -> lists, as the manifest holds
     for key, value in asked.items():
         if cached.get(key, "(missing)") != value:
-            raise ConfigError(f"preprocess.{key}: {value!r} in the params, but the cache was made with "
-                              f"{cached.get(key, '(missing)')!r}; re-run the preprocess stage (dvc repro preprocess) "
-                              "or set the param back")
+            raise ConfigError(
+                f"preprocess.{key}: {value!r} in the params, but the cache was made with "
+                f"{cached.get(key, '(missing)')!r}; re-run the preprocess stage (dvc repro preprocess) "
+                "or set the param back"
+            )
 
 
 def refuse_unworkable(params: Params, manifest: dict) -> None:
@@ -53,17 +56,22 @@ def refuse_unworkable(params: Params, manifest: dict) -> None:
         raise ConfigError(
             f"the validation split is empty (the cache was made with preprocess.val_fraction: "
             f"{manifest['preprocess']['val_fraction']}; with data.layout: side_by_side, {params.data.source} needs a "
-            "val/ folder): early stopping picks the model by validation PSNR, so training could never choose one")
+            "val/ folder): early stopping picks the model by validation PSNR, so training could never choose one"
+        )
     if counts["val"] < world:
-        raise ConfigError(f"train.devices x num_nodes: each of the {world} processes validates its own share of the "
-                          f"{counts['val']} validation image(s) and needs at least one; raise preprocess.val_fraction "
-                          "or use fewer processes")
+        raise ConfigError(
+            f"train.devices x num_nodes: each of the {world} processes validates its own share of the "
+            f"{counts['val']} validation image(s) and needs at least one; raise preprocess.val_fraction "
+            "or use fewer processes"
+        )
     if params.train.lambda_id > 0:
         unlabelled = sum(source["split"] == "train" and source["identity"] is None for source in manifest["sources"])
         if unlabelled:
-            raise ConfigError(f"train.lambda_id: {params.train.lambda_id} needs the identity of every training pair, "
-                              f"but {unlabelled} have no identity folder (put each person's images in their own "
-                              "folder, or set train.lambda_id: 0)")
+            raise ConfigError(
+                f"train.lambda_id: {params.train.lambda_id} needs the identity of every training pair, "
+                f"but {unlabelled} have no identity folder (put each person's images in their own "
+                "folder, or set train.lambda_id: 0)"
+            )
     refuse_other_preprocessing(params, manifest)
 
 
@@ -90,8 +98,11 @@ class GanDDPStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         """The two wrappers in place of stock DDP's one; the strategy's model stays the LightningModule. No
         communication hooks: they were slower on CPU (gloo) and need the single wrapper we do not have."""
-        self.model.distribute(lambda network: DistributedDataParallel(
-            network, device_ids=self.determine_ddp_device_ids(), **self.ddp_kwargs))
+        self.model.distribute(
+            lambda network: DistributedDataParallel(
+                network, device_ids=self.determine_ddp_device_ids(), **self.ddp_kwargs
+            )
+        )
 
 
 def build_strategy(train: TrainConfig, accelerator: str):
@@ -103,20 +114,32 @@ def build_strategy(train: TrainConfig, accelerator: str):
     return GanDDPStrategy(process_group_backend="gloo" if cpu else "nccl", gradient_as_bucket_view=True)
 
 
-def build_trainer(train: TrainConfig, callbacks: Sequence[Callback] = (), logger: Logger | bool = False,
-                  **overrides) -> Trainer:
+def build_trainer(
+    train: TrainConfig, callbacks: Sequence[Callback] = (), logger: Logger | bool = False, **overrides
+) -> Trainer:
     """A Trainer for `train`, with per-rank random streams kept in its checkpoints (resume.RandomStreams);
     `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
     accelerator = resolve_accelerator(train.accelerator)
     if train.sync_batchnorm and accelerator == "cpu":
         raise ConfigError("train.sync_batchnorm: SyncBatchNorm needs GPUs (torch raises on CPU); set it to false")
     options = dict(
-        accelerator=accelerator, devices=train.devices, num_nodes=train.num_nodes,
-        strategy=build_strategy(train, accelerator), precision=resolve_precision(train.precision, accelerator),
-        sync_batchnorm=train.sync_batchnorm, deterministic=train.deterministic, min_epochs=train.min_epochs,
-        max_epochs=train.max_epochs, max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
-        callbacks=[*callbacks, RandomStreams(train.seed)], logger=logger, plugins=[AtomicCheckpointIO()],
+        accelerator=accelerator,
+        devices=train.devices,
+        num_nodes=train.num_nodes,
+        strategy=build_strategy(train, accelerator),
+        precision=resolve_precision(train.precision, accelerator),
+        sync_batchnorm=train.sync_batchnorm,
+        deterministic=train.deterministic,
+        min_epochs=train.min_epochs,
+        max_epochs=train.max_epochs,
+        max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
+        callbacks=[*callbacks, RandomStreams(train.seed)],
+        logger=logger,
+        plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
-        num_sanity_val_steps=0, enable_model_summary=False, enable_progress_bar=False, log_every_n_steps=1,
+        num_sanity_val_steps=0,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        log_every_n_steps=1,
     )
     return Trainer(**(options | overrides))
