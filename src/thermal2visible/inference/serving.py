@@ -61,6 +61,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 PACKED = (
     "config.py",
     "errors.py",
+    "paths.py",
     "pixels.py",
     "private_apis.py",
     "data/__init__.py",
