@@ -28,7 +28,7 @@ from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
-from thermal2visible.paths import CACHE, INDEX, REPORTS
+from thermal2visible.paths import CACHE, INDEX, PARAMS, REPORTS
 
 REPORT = REPORTS / "loader"
 EPOCHS = {"decode every epoch": 1, "cache, preload off": 10, "cache, preloaded": 10, "cache, preloaded, no jitter": 10}
@@ -78,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
     args = parser.parse_args()
-    params = load_params("params.yaml")
+    params = load_params(PARAMS)
     if not INDEX.is_file():
         raise PipelineError(f"{INDEX}: missing; make the demo data first (dvc repro preprocess)")
     batch_size, manifest = params.train.batch_size, load_manifest(CACHE)

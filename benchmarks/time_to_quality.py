@@ -33,7 +33,7 @@ from benchmarks.common import REPORTS, machine_text, markdown_table, write_repor
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
-from thermal2visible.paths import PIX2PIX_DEFAULT  # noqa: E402
+from thermal2visible.paths import PARAMS, PIX2PIX_DEFAULT  # noqa: E402
 from thermal2visible.dev.study import evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
 
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--patience", type=int, default=8)
     parser.add_argument("--max-epochs", type=int, default=60)
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--params", type=Path, default=PARAMS)
     parser.add_argument(
         "--set",
         dest="overrides",

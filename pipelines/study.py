@@ -45,7 +45,7 @@ from thermal2visible.config import LoaderConfig, load_params, preset_overrides  
 from thermal2visible.models.payloads import load_generator  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule, model_batch  # noqa: E402
 from thermal2visible.models.generator import as_tested  # noqa: E402
-from thermal2visible.paths import GENERATOR, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
+from thermal2visible.paths import GENERATOR, PARAMS, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
 from thermal2visible.dev.study import child_project, evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.figures import image_rows  # noqa: E402
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
@@ -309,7 +309,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="speed study: train.devices values")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="quality study: train.seed values")
     parser.add_argument("--minutes", type=float, default=2.0, help="quality study: training budget of every run")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--params", type=Path, default=PARAMS)
     parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="FILE")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--out", type=Path, default=STUDY_REPORTS)

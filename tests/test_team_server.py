@@ -21,7 +21,7 @@ import mlflow.artifacts
 import pytest
 from mlflow import MlflowClient
 from thermal2visible.paths import CACHE
-from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
+from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env
 from tiny_model import export_tiny
 
 pytestmark = pytest.mark.slow
@@ -124,23 +124,9 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
     project = project_ready_to_register(tmp_path / "project", tiny_cache, write_params)
     # The README's recipe: the password in PGPASSWORD (or ~/.pgpass), not in the URI that `ps` shows everyone.
     database = f"postgresql://mlflow@127.0.0.1:{postgres}/mlflow"
-    port = free_port()
-    server = [
-        MLFLOW,
-        "server",
-        "--backend-store-uri",
-        database,
-        "--artifacts-destination",
-        str(tmp_path / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    env = quiet_env(PGPASSWORD=PASSWORD, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    with running(server, "/health", port, tmp_path / "mlflow-server.log", env) as tracking_uri:
+    artifacts = ("--artifacts-destination", str(tmp_path / "artifacts"))
+    log = tmp_path / "mlflow-server.log"
+    with mlflow_app("server", database, log, *artifacts, PGPASSWORD=PASSWORD) as tracking_uri:
         done = register_stage(project, tracking_uri)
         assert done.returncode == 0, done.stderr
         assert "registered thermal2visible version 1 as @champion" in done.stdout

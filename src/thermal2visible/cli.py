@@ -10,6 +10,7 @@ import sys
 import warnings
 from typing import Callable
 
+from thermal2visible.paths import PARAMS
 from thermal2visible.config import Params, load_params, preset_overrides
 from thermal2visible.errors import ConfigError, PipelineError
 
@@ -25,7 +26,7 @@ def quiet_lightning() -> None:
 
 def run_stage(main: Callable[[Params], object], description: str | None = None) -> None:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--params", default=PARAMS, help=f"params file (default: {PARAMS})")
     parser.add_argument(
         "--preset",
         dest="presets",

@@ -28,9 +28,9 @@ NEVER_ABSENT = object()
 
 def weights(before: object = NEVER_ABSENT):
     """A key that defines the trained weights: it enters the run's fingerprint, so a checkpoint of a run with another
-    value never continues (checkpoints.run_fingerprint). `before`: for a key added after runs and models were stored,
-    the value they all had; at that value it leaves their fingerprint as it was, and a stored file lacking the key
-    reads as having it."""
+    value never continues (training.resume.run_fingerprint). `before`: for a key added after runs and models were
+    stored, the value they all had; at that value it leaves their fingerprint as it was, and a stored file lacking
+    the key reads as having it."""
     return field(metadata={"weights": True, "before": before})
 
 

@@ -90,27 +90,23 @@ def running(
 
 
 @contextlib.contextmanager
+def mlflow_app(app: str, store_uri: str, log: Path, *options: str, **env: str) -> Iterator[str]:
+    """`mlflow server` or `mlflow ui` (`app`) on `store_uri`, one worker, at a free 127.0.0.1 port; yields its base
+    URL and always stops it. `options` go to the command line, `env` into its environment."""
+    port = free_port()
+    command = [MLFLOW, app, "--backend-store-uri", store_uri, *options]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    # Job execution starts extra machinery that takes the start from ~4 s to ~23 s.
+    with running(command, "/health", port, log, quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **env)) as base:
+        yield base
+
+
+@contextlib.contextmanager
 def mlflow_server(root: Path) -> Iterator[str]:
     """`mlflow server` on a SQLite store and a local artifact folder under `root`; yields the tracking URI."""
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    command = [
-        MLFLOW,
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination",
-        str(root / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    # Job execution starts extra machinery that takes the start from ~4 s to ~23 s.
-    env = quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    with running(command, "/health", port, root / "mlflow-server.log", env) as uri:
+    store, artifacts = f"sqlite:///{root / 'mlflow.db'}", str(root / "artifacts")
+    with mlflow_app("server", store, root / "mlflow-server.log", "--artifacts-destination", artifacts) as uri:
         yield uri
 
 

@@ -25,7 +25,7 @@ from mlflow import MlflowClient
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import UI_SCREENSHOTS
-from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
+from thermal2visible.dev.servers import mlflow_app
 from thermal2visible.tracking.store import absolute_tracking_uri
 
 MODEL_TRAINING = "workflowType=machine_learning"
@@ -80,22 +80,7 @@ def render(url: str, screenshot: Path | None = None, wait_ms: int = 15000, heigh
 @contextlib.contextmanager
 def mlflow_ui(store_uri: str, log_dir: Path) -> Iterator[str]:
     """`mlflow ui` on `store_uri` at a free 127.0.0.1 port; yields its base URL, always stops it."""
-    port = free_port()
-    command = [
-        MLFLOW,
-        "ui",
-        "--backend-store-uri",
-        store_uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    with running(
-        command, "/health", port, log_dir / "mlflow-ui.log", quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    ) as base:
+    with mlflow_app("ui", store_uri, log_dir / "mlflow-ui.log") as base:
         yield base
 
 
