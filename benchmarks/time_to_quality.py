@@ -32,6 +32,7 @@ import mlflow  # noqa: E402
 from benchmarks.common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
+from thermal2visible.cli import add_overrides  # noqa: E402
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PARAMS, PIX2PIX_DEFAULT  # noqa: E402
 from thermal2visible.dev.study import evaluate_child, prepare_cache, train_child  # noqa: E402
@@ -87,14 +88,10 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=8)
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--params", type=Path, default=PARAMS)
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="adds a third setup: the project default with these changes (its own levers: "
-        "train.batch_size, train.lr_scaling, ...)",
+    add_overrides(
+        parser,
+        "adds a third setup: the project default with these changes (its own levers: train.batch_size, "
+        "train.lr_scaling, ...)",
     )
     args = parser.parse_args()
     common = [

@@ -24,6 +24,13 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
+def add_overrides(parser: argparse.ArgumentParser, meaning: str) -> None:
+    """`--set SECTION.KEY=VALUE` (repeatable) into `args.overrides`."""
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help=meaning
+    )
+
+
 def run_stage(main: Callable[[Params], object], description: str | None = None) -> None:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default=PARAMS, help=f"params file (default: {PARAMS})")
@@ -35,14 +42,7 @@ def run_stage(main: Callable[[Params], object], description: str | None = None) 
         metavar="FILE",
         help="apply a preset from params/ (repeatable), before any --set",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one parameter (repeatable), as `dvc exp run -S` does",
-    )
+    add_overrides(parser, "override one parameter (repeatable), as `dvc exp run -S` does")
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
