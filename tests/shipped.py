@@ -4,8 +4,10 @@ import dataclasses
 from pathlib import Path
 
 from thermal2visible.config import load_params
+from thermal2visible.paths import PARAMS
 
-SHIPPED = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+SHIPPED_FROM = Path(__file__).resolve().parents[1] / PARAMS
+SHIPPED = load_params(SHIPPED_FROM)
 
 
 def shipped(section: str, **changes):

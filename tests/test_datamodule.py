@@ -14,7 +14,7 @@ from thermal2visible.data.cache import JITTER, load_manifest, load_split
 from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
-from shipped import shipped
+from shipped import SHIPPED_FROM, shipped
 
 
 def batches(module, loader):
@@ -105,11 +105,11 @@ def test_a_batch_bigger_than_the_training_set_fails_clearly(tiny_cache):
 
 
 DDP_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import dataclasses, json, sys
     from pathlib import Path
     import torch
     from lightning.pytorch import LightningModule, Trainer
-    from thermal2visible.config import LoaderConfig
+    from thermal2visible.config import load_params
     from thermal2visible.data.cache import load_split
     from thermal2visible.data.datamodule import FIELDS, CachedPairs, PairedDataModule, model_batch
 
@@ -138,7 +138,8 @@ DDP_SCRIPT = textwrap.dedent("""
         def on_train_end(self):
             Path(sys.argv[2], f"rank{self.global_rank}.json").write_text(json.dumps(self.seen))
 
-    data = PairedDataModule(sys.argv[1], 2, shipped("loader", preload=sys.argv[3] == "1"))
+    loader = dataclasses.replace(load_params(sys.argv[4]).loader, preload=sys.argv[3] == "1")
+    data = PairedDataModule(sys.argv[1], 2, loader)
     Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0).fit(Recorder(), data)
 """)
@@ -150,7 +151,7 @@ def test_ddp_ranks_draw_distinct_shards_of_each_epoch(tiny_cache, tmp_path, prel
     script = tmp_path / "ddp_shards.py"
     script.write_text(DDP_SCRIPT)
     result = subprocess.run(
-        [sys.executable, str(script), str(tiny_cache), str(tmp_path), preload],
+        [sys.executable, str(script), str(tiny_cache), str(tmp_path), preload, str(SHIPPED_FROM)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -21,7 +21,9 @@ from PIL import Image
 from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
 from tiny_model import export_tiny
 
+from thermal2visible.config import load_params
 from thermal2visible.errors import ConfigError, PipelineError
+from thermal2visible.paths import PARAMS
 from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.inference.serving import (
     ServingError,
@@ -85,11 +87,11 @@ def test_mlflow_servers_listen_on_loopback_only_when_no_host_is_given(tmp_path, 
     serving = [MLFLOW, "models", "serve", "-m", str(tmp_path / "pyfunc"), "--env-manager", "local", "-p", str(port)]
     with running(serving, "/ping", port, tmp_path / "serving.log", quiet_env()):
         assert listening_addresses(port) == {"127.0.0.1"}
+    # `make serve` binds params.yaml's serve.host (pipelines/serve.py; test_serving runs it), `make ui` loopback
     makefile = (REPO / "Makefile").read_text()
-    assert "mlflow models serve" in makefile and "0.0.0.0" not in makefile
-    assert all(
-        "-h 127.0.0.1" in line for line in makefile.splitlines() if "mlflow models serve" in line or "mlflow ui" in line
-    )
+    assert "pipelines/serve.py" in makefile and "0.0.0.0" not in makefile
+    assert load_params(REPO / PARAMS).serve.host == "127.0.0.1"
+    assert all("-h 127.0.0.1" in line for line in makefile.splitlines() if "mlflow ui" in line)
 
 
 def torch_load_calls() -> list[tuple[Path, ast.Call]]:
