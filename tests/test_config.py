@@ -126,6 +126,10 @@ def test_the_schema_holds_no_values_and_a_key_missing_from_params_yaml_is_named(
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=r"train.lr_d: missing \(params.yaml holds a value for every key"):
         load_params(tmp_path / "params.yaml")
+    del raw["preprocess"]["percentiles"]  # a list-valued key: missing, not a malformed list
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"preprocess.percentiles: missing \(params.yaml holds"):
+        load_params(tmp_path / "params.yaml")
 
 
 def test_a_section_training_reads_marks_every_key_and_dvc_gives_train_every_weight_key():

@@ -233,14 +233,9 @@ def stored_section(section: str, settings: dict):
     try:
         return TypeAdapter(SECTIONS[section]).validate_json(json.dumps(upgraded))
     except ValidationError as error:
+        missing = "written before this key existed; run the stage that wrote the file again"
         raise ConfigError(
-            "\n".join(
-                f"stored {section}.{problem['loc'][0]}: missing (written before this key existed; run the stage that "
-                "wrote the file again)"
-                if problem["type"] == "missing"
-                else f"stored {_reason(problem, (section,))}"
-                for problem in error.errors()
-            )
+            "\n".join(f"stored {_reason(problem, (section,), missing)}" for problem in error.errors())
         ) from None
 
 
@@ -254,9 +249,14 @@ def _annotation(location: tuple) -> object:
     return hint
 
 
-def _reason(problem: dict, within: tuple = ()) -> str:
-    """One pydantic error -> `section.key: why`, in the words a params.yaml reader expects."""
+MISSING_FROM_PARAMS = "params.yaml holds a value for every key; the shipped params.yaml has them all"
+
+
+def _reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAMS) -> str:
+    """One pydantic error -> `section.key: why`, in the words a params.yaml reader expects; `missing` says why a key
+    that is absent should be there."""
     location = within + tuple(part for part in problem["loc"] if isinstance(part, str))
+    inside_a_list = any(isinstance(part, int) for part in problem["loc"])
     where, value, kind = ".".join(location), problem["input"], problem["type"]
     annotation = _annotation(location)
     if kind == "unexpected_keyword_argument" and len(location) == 1:
@@ -265,10 +265,10 @@ def _reason(problem: dict, within: tuple = ()) -> str:
         return f"{where}: unknown key (known keys: {', '.join(sorted(SECTIONS[location[0]].__dataclass_fields__))})"
     if kind == "dataclass_type":
         return f"{where}: expected a mapping of keys, got {value!r}"
+    if kind == "missing" and not inside_a_list:
+        return f"{where}: missing ({missing})"
     if typing.get_origin(annotation) is tuple:
         return f"{where}: expected a list of {len(typing.get_args(annotation))} numbers, got {value!r}"
-    if kind == "missing":
-        return f"{where}: missing (params.yaml holds a value for every key; the shipped params.yaml has them all)"
     if kind == "literal_error":
         return f"{where}: {value!r} is not one of {list(typing.get_args(annotation))}"
     expected = {
