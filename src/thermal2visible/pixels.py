@@ -48,9 +48,7 @@ def stored_to_model_(images, dtype):
 
 def to_model(images: np.ndarray) -> np.ndarray:
     """HxW[xC] or NxHxWxC pixels (uint8 / uint16 / float [0,1]) -> contiguous float32 NCHW in [-1, 1]."""
-    scaled = unit(images)
-    batch = scaled[None] if scaled.ndim == 3 else scaled
-    return np.ascontiguousarray(unit_to_model(batch.transpose(0, 3, 1, 2)), dtype=np.float32)
+    return unit_to_model(nchw(unit(images)))
 
 
 def quantise(scaled: np.ndarray, dtype) -> np.ndarray:
