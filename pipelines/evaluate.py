@@ -17,6 +17,7 @@ with the camera registration of preprocess (reports/align.json, reports/align_ov
 """
 
 import json
+from functools import partial
 
 import numpy as np
 import torch
@@ -146,10 +147,8 @@ def main(params: Params) -> None:
             return run_torch(generator, batch)
 
     # the same frames at full size, in register, through the code that serves them (inference.frames.translate_frame)
-    cfg = stored_section("preprocess", payload["preprocess"])
-    results["generator"]["psnr_full_frame"] = full_frame_psnr(
-        lambda thermal: translate_frame(generate, thermal, cfg), raw_pairs(CACHE, "test")
-    )
+    translate = partial(translate_frame, generate, cfg=stored_section("preprocess", payload["preprocess"]))
+    results["generator"]["psnr_full_frame"] = full_frame_psnr(translate, raw_pairs(CACHE, "test"))
     identity = identity_scores(faces, data.identities, data.manifest["preprocess"]["split_by"])
     report = {"test_images": data.manifest["counts"]["test"], **results, "identity": identity}
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)

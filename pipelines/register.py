@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import mlflow
@@ -81,11 +82,8 @@ class TestFrames:
         if not pairs:
             return math.nan, 0
         model = self._model(model_uri)
-
-        def generate(batch):
-            return run_onnx(model.session, batch)
-
-        return full_frame_psnr(lambda thermal: translate_frame(generate, thermal, model.preprocess), pairs), len(pairs)
+        translate = partial(translate_frame, partial(run_onnx, model.session), cfg=model.preprocess)
+        return full_frame_psnr(translate, pairs), len(pairs)
 
 
 def frame_hashes(source: dict) -> frozenset[str]:
