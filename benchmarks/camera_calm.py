@@ -1,13 +1,15 @@
 """Does a hot radiator or a cold window in the room change how a camera-scene model translates everything else?
-Each test frame of the built-in camera scene is rendered twice from its own shot, as synthesized (radiator and window
-in view) and calm (the same shot with both taken out of the room), translated by `inference.frames.translate_frame` (the
-served path) through the exported ONNX model and scored against the calm visible frame of a registered camera.
+Each test frame of the built-in camera scene whose room holds a radiator, a window or both is rendered twice from its
+own shot, as synthesized and calm (the same shot with the objects taken out of the room), translated by
+`inference.frames.translate_frame` (the served path) through the exported ONNX model and scored against the calm
+visible frame of a registered camera.
 
     python -m benchmarks.camera_calm --params params.yaml --preset params/camera.yaml \
         --onnx models/generator.onnx --cache data/cache
 
-PSNR (dB, [0, 1] images, mean over the test frames) over the pixels the two renders share: where the objects are
-(where the two thermal renders differ, grown by GROW pixels) is left out of both scores. Writes
+PSNR (dB, [0, 1] images, mean over the test frames) over the pixels the two renders share — where the objects are
+(where the two thermal renders differ, grown by GROW pixels) is left out of both scores — in two regions: the face
+(the face box `preprocess.face_crop` would cut from the calm frame) and the whole frame. Writes
 reports/camera_calm.json.
 """
 
@@ -25,6 +27,7 @@ from scipy.ndimage import binary_dilation
 from benchmarks.common import machine_text, write_report
 from thermal2visible.config import load_params, preset_overrides, stored_section
 from thermal2visible.data.cache import load_manifest
+from thermal2visible.data.preprocess import face_box, thermal_counts
 from thermal2visible.paths import CACHE, CAMERA, ONNX, PARAMS
 from thermal2visible.data.synthetic import random_face, render, shot_of
 from thermal2visible.inference.frames import translate_frame
@@ -32,6 +35,7 @@ from thermal2visible.inference.session import onnx_metadata, onnx_session, run_o
 from thermal2visible.pixels import unit
 
 GROW = 4  # pixels around the objects left out too: the resize to the model's size blurs their edges
+REGIONS = ("face", "frame")
 NAME = re.compile(r"thermal/person_(\d+)/seq(\d+)_(\d+)\.png$")
 
 
@@ -50,6 +54,14 @@ def shared_psnr(prediction: np.ndarray, truth: np.ndarray, shared: np.ndarray) -
     return float(10 * np.log10(1.0 / error))
 
 
+def face_mask(calm_thermal: np.ndarray) -> np.ndarray:
+    """The face box of `face_crop` (the square around the largest warm blob) of a calm frame, as a mask."""
+    row, col, side = face_box(thermal_counts(calm_thermal), 0.0)
+    mask = np.zeros(calm_thermal.shape, bool)
+    mask[row : row + side, col : col + side] = True
+    return mask
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=PARAMS)
@@ -65,26 +77,36 @@ def main() -> None:
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_onnx(session, batch)
 
-    scores = {"with radiator and window": [], "calm": []}
+    scores = {region: {"with the room's objects": [], "calm": []} for region in REGIONS}
     for person, index in test_shots(args.cache, synthesize):
         face = random_face(np.random.default_rng([synthesize.seed, person]))
         shot, lighting, _ = shot_of(synthesize, person, index)
+        if shot.hot is None and shot.cold is None:
+            continue  # a calm room already: nothing to take out
         calm_shot = dataclasses.replace(shot, hot=None, cold=None)
         busy, _ = render(face, shot, lighting, synthesize.resolution, width)
         calm, truth = render(face, calm_shot, lighting, synthesize.resolution, width)
         shared = ~binary_dilation(busy != calm, iterations=GROW)
-        for name, thermal in (("with radiator and window", busy), ("calm", calm)):
-            scores[name].append(shared_psnr(translate_frame(generate, thermal, cfg), unit(truth), shared))
-    psnr = {name: round(float(np.mean(values)), 2) for name, values in scores.items()}
+        regions = {"face": shared & face_mask(calm), "frame": shared}
+        for name, thermal in (("with the room's objects", busy), ("calm", calm)):
+            translated = translate_frame(generate, thermal, cfg)
+            for region, mask in regions.items():
+                scores[region][name].append(shared_psnr(translated, unit(truth), mask))
+    psnr = {
+        region: {name: round(float(np.mean(values)), 2) for name, values in by_frame.items()}
+        for region, by_frame in scores.items()
+    }
     report = {
         "command": f"python -m benchmarks.camera_calm --params {args.params} --preset {args.preset} "
         f"--onnx {args.onnx} --cache {args.cache}",
         "machine_text": machine_text(),
         "image_size": cfg.image_size,
         "thermal_norm": cfg.thermal_norm,
-        "test_frames": len(scores["calm"]),
+        "test_frames": len(scores["frame"]["calm"]),
         "psnr_db": psnr,
-        "objects_minus_calm_db": round(psnr["with radiator and window"] - psnr["calm"], 2),
+        "objects_minus_calm_db": {
+            region: round(psnr[region]["with the room's objects"] - psnr[region]["calm"], 2) for region in REGIONS
+        },
     }
     write_report("camera_calm", report)
     print(json.dumps(report, indent=2))

@@ -87,9 +87,25 @@ def test_camera_scene_writes_wide_frames_in_sequences(tmp_path):
     assert sorted(file_bytes(tmp_path / "thermal")) == [
         f"person_00/seq{s}_{f:03d}.png" for s in range(2) for f in range(2)
     ]
-    thermal = imread(tmp_path / "thermal/person_00/seq0_000.png") / 100 - 273.15
+    thermal = imread(tmp_path / "thermal/person_00/seq0_000.png")
     assert thermal.shape == (32, 40) and imread(tmp_path / "visible/person_00/seq0_000.png").shape == (32, 40, 3)
-    assert thermal.max() > 45 and thermal.min() < 10  # the radiator and the window, beside a ~35 °C face
+
+
+def test_camera_rooms_hold_a_radiator_a_window_both_or_neither(tmp_path):
+    """Each room (sequence) keeps its objects for all its frames; across rooms each object is there in some and
+    missing in others, so a calm room is a training case, not a surprise at serving time."""
+    camera = dataclasses.replace(
+        SMALL, identities=2, images_per_identity=16, scene="camera", aspect=1.25, sequence_length=2
+    )
+    synthesize(camera, tmp_path)
+    rooms = {}
+    for path in sorted((tmp_path / "thermal").rglob("*.png")):
+        celsius = imread(path) / 100 - 273.15  # beside a ~35 °C face in a ~22 °C room
+        objects = (bool(celsius.max() > 45), bool(celsius.min() < 10))  # a 48 °C radiator, an 8 °C window
+        rooms.setdefault((path.parent.name, path.stem.split("_")[0]), set()).add(objects)
+    assert all(len(frames) == 1 for frames in rooms.values())
+    seen = {objects for (objects,) in rooms.values()}
+    assert {radiator for radiator, _ in seen} == {True, False} and {window for _, window in seen} == {True, False}
 
 
 def test_parallax_moves_only_the_visible_camera():

@@ -9,7 +9,7 @@ Masks are evaluated in the face's own coordinates, so one inverse transform pose
 
 Two scenes: `portrait` (square frames, one centred face before a plain wall: the paper's lab recordings) and
 `camera` (what a thermal camera on a wall sees: wide frames, the person anywhere and at any distance, a hot and a
-cold object in the room, frames in sequences). Either may be seen by a visible camera offset from the thermal one
+cold object in some rooms, frames in sequences). Either may be seen by a visible camera offset from the thermal one
 (`synthesize.parallax`): it renders the same scene through the rig transform of `data.align.Rig`.
 """
 
@@ -38,6 +38,7 @@ HAIR_COLOURS = (
 IRIS_COLOURS = ((0.30, 0.18, 0.08), (0.20, 0.35, 0.55), (0.30, 0.42, 0.25), (0.12, 0.08, 0.05))
 HOT_OBJECT = (48.0, (0.93, 0.92, 0.89))  # °C and colour: a radiator, painted white
 COLD_OBJECT = (8.0, (0.72, 0.82, 0.93))  # a window in winter, bright sky behind it
+OBJECT_CHANCE = 0.5  # camera scene: the share of rooms holding each of the two objects
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ def camera_shot(sequence: np.random.Generator, frame: np.random.Generator, aspec
     distance = sequence.uniform(0.5, 0.85)  # face sizes from a third to half the frame height
     room = sequence.uniform(19.5, 24.5)
     hot, cold = _room_object(sequence, aspect), _room_object(sequence, aspect)
+    # Rooms differ: each object stands in half of them, so a calm room is as familiar to a model as a busy one.
+    hot, cold = (box if sequence.random() < OBJECT_CHANCE else None for box in (hot, cold))
     return replace(
         shot,
         shift=tuple(place + frame.normal(0, 0.015, 2)),
