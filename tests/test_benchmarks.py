@@ -1,5 +1,6 @@
-"""The interleaved-rounds method every benchmark uses (benchmarks/rounds.py), on real processes, and a smoke run of
-the training-step benchmark. Speed itself is never asserted here: that is the benchmarks' job."""
+"""The interleaved-rounds method every benchmark uses (benchmarks/rounds.py), on real processes, a smoke run of the
+training-step benchmark, and the formulation benchmarks.layers sets against the transposed convolution. Speed itself
+is never asserted here: that is the benchmarks' job."""
 
 import json
 import os
@@ -9,8 +10,10 @@ import sys
 import time
 
 import pytest
+import torch
 
 from benchmarks import rounds
+from benchmarks.layers import transposed_as_gemm
 
 
 def test_each_round_runs_every_configuration_in_a_rotated_order():
@@ -124,3 +127,17 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
     assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
     assert (tmp_path / "reports" / "train_step.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_transposed_convolution_as_gemm_and_col2im_computes_the_same_values(bias):
+    """benchmarks.layers compares oneDNN's transposed convolution with this formulation: it must be the same layer."""
+    torch.manual_seed(0)
+    for channels, out_channels, side in ((16, 8, 1), (16, 8, 2), (8, 3, 5)):
+        layer = torch.nn.ConvTranspose2d(channels, out_channels, 4, 2, 1, bias=bias)
+        x = torch.randn(3, channels, side, side, requires_grad=True)
+        expected, got = layer(x), transposed_as_gemm(x, layer)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        (expected_grad,) = torch.autograd.grad(expected.square().sum(), x)
+        (got_grad,) = torch.autograd.grad(got.square().sum(), x)
+        torch.testing.assert_close(got_grad, expected_grad, rtol=1e-4, atol=1e-4)
