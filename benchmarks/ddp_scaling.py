@@ -60,6 +60,7 @@ CONFIGS = {
     "2 workers, bucket view, 2 MB buckets": dict(workers=2, gradient_as_bucket_view=True, bucket_cap_mb=2),
     "2 workers, bucket view, bf16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="bf16"),
     "2 workers, bucket view, fp16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="fp16"),
+    "2 workers, bucket view, a core each": dict(workers=2, gradient_as_bucket_view=True, pin=True),
 }
 DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)"]
 
@@ -87,6 +88,8 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     """One configuration; rank 0 writes {"step_s": ...} to `out`."""
     config = dict(config)
     workers, compress = config.pop("workers"), config.pop("compress", None)
+    if config.pop("pin", False):  # rank 0 runs first and its second rank inherits its core, then takes its own
+        os.sched_setaffinity(0, {int(os.environ.get("LOCAL_RANK", 0))})
     train = dataclasses.replace(
         SHIPPED.train,
         batch_size=batch * workers,
