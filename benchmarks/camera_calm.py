@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import re
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,6 @@ from thermal2visible.inference.session import onnx_metadata, onnx_session, run_o
 from thermal2visible.pixels import unit
 
 GROW = 4  # pixels around the objects left out too: the resize to the model's size blurs their edges
-REGIONS = ("face", "frame")
 NAME = re.compile(r"thermal/person_(\d+)/seq(\d+)_(\d+)\.png$")
 
 
@@ -77,7 +77,7 @@ def main() -> None:
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_onnx(session, batch)
 
-    scores = {region: {"with the room's objects": [], "calm": []} for region in REGIONS}
+    scores = defaultdict(lambda: defaultdict(list))  # region -> frame kind -> PSNR per test frame
     for person, index in test_shots(args.cache, synthesize):
         face = random_face(np.random.default_rng([synthesize.seed, person]))
         shot, lighting, _ = shot_of(synthesize, person, index)
@@ -105,7 +105,8 @@ def main() -> None:
         "test_frames": len(scores["frame"]["calm"]),
         "psnr_db": psnr,
         "objects_minus_calm_db": {
-            region: round(psnr[region]["with the room's objects"] - psnr[region]["calm"], 2) for region in REGIONS
+            region: round(by_frame["with the room's objects"] - by_frame["calm"], 2)
+            for region, by_frame in psnr.items()
         },
     }
     write_report("camera_calm", report)

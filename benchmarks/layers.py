@@ -33,10 +33,7 @@ from benchmarks.common import (
     write_report,
 )
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
-from thermal2visible.models.discriminator import patch_gan, patch_layers
-from thermal2visible.models.generator import UNetGenerator
-
-VISIBLE_CHANNELS = 3
+from benchmarks.train_step import PlainPix2Pix
 
 
 def transposed_as_gemm(x: torch.Tensor, layer: nn.ConvTranspose2d) -> torch.Tensor:
@@ -53,30 +50,20 @@ def transposed_as_gemm(x: torch.Tensor, layer: nn.ConvTranspose2d) -> torch.Tens
 
 
 def convolutions(batch: int) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
-    """(name, layer, input shape) of every convolution of the paper's generator and discriminator, in call order."""
-    networks = {
-        "G": (
-            UNetGenerator(
-                1, VISIBLE_CHANNELS, PAPER_SIZE, PAPER_MODEL.ngf, PAPER_MODEL.norm, PAPER_MODEL.dropout, recompute=False
-            ),
-            1,
-        ),
-        "D": (
-            patch_gan(1 + VISIBLE_CHANNELS, PAPER_MODEL.ndf, PAPER_MODEL.norm, patch_layers(PAPER_SIZE)),  # on the pair
-            1 + VISIBLE_CHANNELS,
-        ),
-    }
+    """(name, layer, input shape) of every convolution of the plain step's generator and discriminator (the paper's
+    networks), in call order."""
+    plain = PlainPix2Pix(PAPER_MODEL, PAPER_SIZE)
     found = []
-    for prefix, (network, channels) in networks.items():
+    for prefix, network in (("G", plain.generator), ("D", plain.discriminator.layers)):  # D's layers take the pair
+        convs = [(name, m) for name, m in network.named_modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
         hooks = [
             module.register_forward_hook(
                 lambda module, inputs, output, name=f"{prefix} {name}": found.append((name, module, inputs[0].shape))
             )
-            for name, module in network.named_modules()
-            if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d))
+            for name, module in convs
         ]
         with torch.no_grad():
-            network(torch.zeros(batch, channels, PAPER_SIZE, PAPER_SIZE))
+            network(torch.zeros(batch, convs[0][1].in_channels, PAPER_SIZE, PAPER_SIZE))
         for hook in hooks:
             hook.remove()
     return found
@@ -116,13 +103,11 @@ def main() -> None:
             measurements[f"{name} as GEMM + col2im"] = fwd_bwd(transposed_as_gemm, layer, shape, args.repeats)
     peaks = GemmPeaks(["bf16"])
     records = measure_rounds(measurements, args.rounds, after_each_round=peaks.measure)
-    rows, report_layers, total = (
-        [],
-        [],
-        sum(statistics.median(r["seconds"] for r in records if r["config"] == name) for name, _, _ in layers),
-    )
+    median_s = {name: statistics.median(r["seconds"] for r in records if r["config"] == name) for name in measurements}
+    total = sum(median_s[name] for name, _, _ in layers)
+    rows, report_layers = [], []
     for name, layer, shape in layers:
-        seconds = statistics.median(r["seconds"] for r in records if r["config"] == name)
+        seconds = median_s[name]
         arithmetic = peaks.arithmetic(step_flops(layer, shape), seconds, "bf16")
         entry = {
             "layer": name,
