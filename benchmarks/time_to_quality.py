@@ -1,8 +1,8 @@
 """Time to quality, the analogue of the paper's 7.08x: wall-clock seconds until a run's smoothed validation PSNR
 reaches the best the pix2pix default setup (batch 1, fp32, NCHW, plain Adam, memory-mapped input:
 params/pix2pix_default.yaml) reaches, for that setup and for this project's default (params.yaml: batch 8, precision
-auto, fused Adam, preloaded cache) and, given --set, the project default with those changes; and the test PSNR each
-ends with.
+auto, fused Adam, preloaded cache) and, for each --variant, the project default with that variant's changes; and the
+test PSNR each ends with.
 
 All are real `pipelines/train.py` runs on the demo data (this project's data/ingested, preprocessed by
 pipelines/preprocess.py), each in a scratch project, then `pipelines/evaluate.py` on its test split. All stop by the
@@ -11,9 +11,9 @@ The runs are interleaved (benchmarks/rounds.py): each round trains every setup w
 order; the time to the target counts from the run's start to the MLflow timestamp of the first epoch whose smoothed
 PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.dev.study's.
 
-Writes reports/time_to_quality.json and reports/time_to_quality.png.
+Writes reports/time_to_quality.json and reports/time_to_quality.png (--report names them otherwise).
 Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window 5] [--patience 8] [--max-epochs 60]
-       [--set train.lr_scaling=sqrt ...]
+       [--variant "train.batch_size=4 train.lr_scaling=sqrt" ...] [--report time_to_quality]
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import mlflow  # noqa: E402
 from benchmarks.common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
-from thermal2visible.cli import add_overrides  # noqa: E402
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PARAMS, PIX2PIX_DEFAULT  # noqa: E402
 from thermal2visible.dev.study import evaluate_child, prepare_cache, train_child  # noqa: E402
@@ -58,13 +57,14 @@ def seconds_to(child: dict, target: float) -> float:
 
 def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
     figure, (curves, ratio) = plt.subplots(1, 2, figsize=(15, 4.6), gridspec_kw={"width_ratios": [1.3, 1]})
-    colours = {PAPER: "#999999", PROJECT: "#55a868"}
+    variants = [name for name in dict.fromkeys(name for name, _ in children) if name not in (PAPER, PROJECT)]
+    colours = {PAPER: "#999999", PROJECT: "#55a868"} | dict(zip(variants, plt.get_cmap("Set1").colors))
     for (name, seed), child in children.items():
         seconds = child["psnr_seconds"]
         curves.plot(
             seconds,
             [math.nan if v is None else v for v in child["psnr_smoothed"]],
-            color=colours.get(name, "#dd8452"),
+            color=colours[name],
             linewidth=2,
             linestyle=["-", "--", ":", "-."][seed % 4],
             label=f"{name}, seed {seed}: test {child['test_psnr']:.2f} dB",
@@ -74,7 +74,8 @@ def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
         ylabel="smoothed validation PSNR (dB)",
         title="Smoothed validation PSNR over wall-clock time",
     )
-    curves.legend(loc="lower right", fontsize=8)
+    many = len(children) > 9
+    curves.legend(loc="lower right", fontsize=6 if many else 8, ncol=2 if many else 1)
     plot_speedups(ratio, summary, "Time to the pix2pix default's best")
     figure.suptitle(machine_line, fontsize=9)
     figure.tight_layout()
@@ -88,11 +89,16 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=8)
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--params", type=Path, default=PARAMS)
-    add_overrides(
-        parser,
-        "adds a third setup: the project default with these changes (its own levers: train.batch_size, "
-        "train.lr_scaling, ...)",
+    parser.add_argument(
+        "--variant",
+        dest="variants",
+        action="append",
+        default=[],
+        metavar='"SECTION.KEY=VALUE ..."',
+        help="adds a setup (repeatable): the project default with these space-separated changes (its own levers: "
+        "train.batch_size, train.lr_scaling, ...)",
     )
+    parser.add_argument("--report", default="time_to_quality", help="name of the reports/<name>.json and .png")
     args = parser.parse_args()
     common = [
         f"early_stop.window={args.window}",
@@ -101,8 +107,8 @@ def main() -> None:
         "train.image_log_every=0",
     ]
     setups = {PAPER: [*common, *preset_overrides(PIX2PIX_DEFAULT)], PROJECT: common}
-    if args.overrides:
-        setups[f"project default, {' '.join(args.overrides)}"] = [*common, *args.overrides]
+    for variant in args.variants:
+        setups[f"project default, {variant}"] = [*common, *variant.split()]
     children: dict[tuple[str, int], dict] = {}
     print(
         f"{machine_text()}; {args.rounds} rounds (seeds), window {args.window}, patience {args.patience}, "
@@ -120,7 +126,7 @@ def main() -> None:
                 "patience": args.patience,
                 "max_epochs": args.max_epochs,
                 "rounds": args.rounds,
-                "overrides": args.overrides,
+                "variants": args.variants,
             }
         )
         cache = prepare_cache(Path(work), args.params, [])
@@ -192,7 +198,7 @@ def main() -> None:
             f"({summary['rounds_counted']} rounds); {machine_text()}"
         )
     write_report(
-        "time_to_quality",
+        args.report,
         {
             "summary": summary,
             "records": records,
@@ -203,8 +209,8 @@ def main() -> None:
             "runs": [c | {"setup": n, "seed": s} for (n, s), c in children.items()],
         },
     )
-    plot(children, summary, REPORTS / "time_to_quality.png", machine_text())
-    print(f"wrote {REPORTS}/time_to_quality.json and .png")
+    plot(children, summary, REPORTS / f"{args.report}.png", machine_text())
+    print(f"wrote {REPORTS}/{args.report}.json and .png")
 
 
 if __name__ == "__main__":
