@@ -27,6 +27,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 import mlflow  # noqa: E402
 
 from benchmarks.common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
@@ -38,6 +39,7 @@ from thermal2visible.dev.study import evaluate_child, prepare_cache, train_child
 from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
 
 PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yaml)"
+VARIANT_COLOURS = ["#dd8452", "#4c72b0", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
 
 
 def trained_and_tested(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
@@ -56,29 +58,35 @@ def seconds_to(child: dict, target: float) -> float:
 
 
 def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
-    figure, (curves, ratio) = plt.subplots(1, 2, figsize=(15, 4.6), gridspec_kw={"width_ratios": [1.3, 1]})
-    variants = [name for name in dict.fromkeys(name for name, _ in children) if name not in (PAPER, PROJECT)]
-    colours = {PAPER: "#999999", PROJECT: "#55a868"} | dict(zip(variants, plt.get_cmap("Set1").colors))
+    """Colour: the setup; line style: the seed (test PSNRs are in the printed table and the JSON)."""
+    names = list(dict.fromkeys(name for name, _ in children))
+    seeds = sorted({seed for _, seed in children})
+    variants = [name for name in names if name not in (PAPER, PROJECT)]
+    colours = {PAPER: "#999999", PROJECT: "#55a868"} | dict(zip(variants, VARIANT_COLOURS))
+    styles = {seed: ["-", "--", ":", "-."][seed % 4] for seed in seeds}
+    legend_rows = math.ceil((len(names) + len(seeds)) / 3)
+    figure, (curves, ratio) = plt.subplots(
+        1, 2, figsize=(15, 4.6 + 0.2 * legend_rows), gridspec_kw={"width_ratios": [1.3, 1]}
+    )
     for (name, seed), child in children.items():
-        seconds = child["psnr_seconds"]
         curves.plot(
-            seconds,
+            child["psnr_seconds"],
             [math.nan if v is None else v for v in child["psnr_smoothed"]],
             color=colours[name],
             linewidth=2,
-            linestyle=["-", "--", ":", "-."][seed % 4],
-            label=f"{name}, seed {seed}: test {child['test_psnr']:.2f} dB",
+            linestyle=styles[seed],
         )
     curves.set(
         xlabel="seconds since the run started",
         ylabel="smoothed validation PSNR (dB)",
         title="Smoothed validation PSNR over wall-clock time",
     )
-    many = len(children) > 9
-    curves.legend(loc="lower right", fontsize=6 if many else 8, ncol=2 if many else 1)
+    handles = [Line2D([], [], color=colours[name], linewidth=2, label=name) for name in names]
+    handles += [Line2D([], [], color="black", linestyle=styles[seed], label=f"seed {seed}") for seed in seeds]
+    figure.legend(handles=handles, loc="lower left", ncol=3, fontsize=8, frameon=False)
     plot_speedups(ratio, summary, "Time to the pix2pix default's best")
     figure.suptitle(machine_line, fontsize=9)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.04 * legend_rows, 1, 1))
     figure.savefig(path, dpi=110)
 
 
