@@ -17,15 +17,8 @@ from thermal2visible.config import SECTIONS, TrainConfig, added_later, marked, w
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
-from thermal2visible.training.module import (
-    Pix2Pix,
-    TrainingDiverged,
-    adversarial_loss,
-    feature_matching,
-    gan_loss,
-    linear_decay,
-    scaled_lr,
-)
+from thermal2visible.training.losses import adversarial_loss, feature_matching, gan_loss
+from thermal2visible.training.module import Pix2Pix, TrainingDiverged, linear_decay, scaled_lr
 from thermal2visible.training import resume
 from thermal2visible.training.resume import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module

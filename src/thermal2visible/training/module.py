@@ -29,6 +29,7 @@ from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.discriminator import MultiScaleDiscriminator
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.networks import GENERATORS
+from thermal2visible.training.losses import adversarial_loss, feature_matching
 
 
 class TrainingDiverged(PipelineError):
@@ -47,34 +48,6 @@ def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: str) -> fl
 def linear_decay(max_epochs: int, decay_epochs: int) -> Callable[[int], float]:
     """LR factor per epoch: 1, then a straight line towards 0 over the last `decay_epochs` epochs (as pix2pix)."""
     return lambda epoch: min(1.0, (max_epochs - epoch) / (decay_epochs + 1))
-
-
-def gan_loss(logits: torch.Tensor, real: bool, mode: str) -> torch.Tensor:
-    """Mean over batch and patch map of how far the discriminator's logits are from "real" (1) or "fake" (0)."""
-    logits = logits.float()
-    target = torch.ones_like(logits) if real else torch.zeros_like(logits)
-    if mode == "vanilla":
-        return F.binary_cross_entropy_with_logits(logits, target)
-    if mode == "lsgan":
-        return F.mse_loss(logits, target)
-    raise ValueError(f"gan_mode {mode!r} is not one of vanilla, lsgan")
-
-
-def adversarial_loss(judged: list[list[torch.Tensor]], real: bool, mode: str) -> torch.Tensor:
-    """`gan_loss` of each scale's logits (MultiScaleDiscriminator's output), averaged over the scales (pix2pixHD)."""
-    return torch.stack([gan_loss(outputs[-1], real, mode) for outputs in judged]).mean()
-
-
-def feature_matching(judged_fake: list[list[torch.Tensor]], judged_real: list[list[torch.Tensor]]) -> torch.Tensor:
-    """pix2pixHD's feature-matching loss: L1 between D's features (every layer's output but the logits) on the
-    generated and on the real pair, the real ones as fixed targets; each layer weighted 4 / (its scale's n_layers
-    + 1), i.e. 4 / its number of feature layers, and each scale 1 / the number of scales."""
-    scales = len(judged_fake)
-    return sum(
-        4 / (len(fake_outputs) - 1) / scales * F.l1_loss(fake.float(), real.detach().float())
-        for fake_outputs, real_outputs in zip(judged_fake, judged_real, strict=True)
-        for fake, real in zip(fake_outputs[:-1], real_outputs[:-1], strict=True)
-    )
 
 
 @contextmanager
