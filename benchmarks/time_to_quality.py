@@ -92,7 +92,7 @@ def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="seeds; each trains both setups")
+    parser.add_argument("--rounds", type=int, default=2, help="seeds; each trains every setup")
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--patience", type=int, default=8)
     parser.add_argument("--max-epochs", type=int, default=60)
