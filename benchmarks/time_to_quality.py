@@ -19,6 +19,7 @@ Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window 5] [--patienc
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import tempfile
 from pathlib import Path
@@ -62,7 +63,7 @@ def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
     names = list(dict.fromkeys(name for name, _ in children))
     seeds = sorted({seed for _, seed in children})
     variants = [name for name in names if name not in (PAPER, PROJECT)]
-    colours = {PAPER: "#999999", PROJECT: "#55a868"} | dict(zip(variants, VARIANT_COLOURS))
+    colours = {PAPER: "#999999", PROJECT: "#55a868"} | dict(zip(variants, itertools.cycle(VARIANT_COLOURS)))
     styles = {seed: ["-", "--", ":", "-."][seed % 4] for seed in seeds}
     legend_rows = math.ceil((len(names) + len(seeds)) / 3)
     figure, (curves, ratio) = plt.subplots(
