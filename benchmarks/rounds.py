@@ -196,8 +196,10 @@ def ratio_text(figures: dict) -> str:
     return text + (", no measurable difference" if figures["verdict"] == "no measurable difference" else "")
 
 
-def plot_speedups(axis, summary: dict, title: str) -> None:
-    """Horizontal bars of the median speed-up with the min-max spread as error bars, and the 1.0 line."""
+def plot_speedups(axis, summary: dict, title: str, colours: dict[str, str] | None = None) -> None:
+    """Horizontal bars of the median speed-up with the min-max spread as error bars, and the 1.0 line. A bar's
+    colour is its verdict, or, given `colours` (configuration -> colour, to match another panel of the figure), its
+    configuration's, and the verdict is written beside it."""
     names = list(summary["configs"])
     figures = [summary["configs"][name] for name in names]
     medians = [f["speedup_median"] for f in figures]
@@ -206,9 +208,13 @@ def plot_speedups(axis, summary: dict, title: str) -> None:
         [f["speedup_max"] - m for m, f in zip(medians, figures)],
     ]
     palette = {"baseline": "#4c72b0", "no measurable difference": "#999999", "faster": "#55a868", "slower": "#c44e52"}
-    colours = [palette[f["verdict"]] for f in figures]
-    bars = axis.barh(names, medians, xerr=spread, color=colours, capsize=3)
-    axis.bar_label(bars, labels=[ratio_text(f).split(",")[0] for f in figures], padding=8, fontsize=8)
+    if colours is None:
+        bars = axis.barh(names, medians, xerr=spread, color=[palette[f["verdict"]] for f in figures], capsize=3)
+        labels = [ratio_text(f).split(",")[0] for f in figures]
+    else:
+        bars = axis.barh(names, medians, xerr=spread, color=[colours[name] for name in names], capsize=3)
+        labels = [ratio_text(f).replace(", ", "\n") for f in figures]
+    axis.bar_label(bars, labels=labels, padding=8, fontsize=8)
     axis.axvline(1, color="black", linewidth=0.8)
     axis.set_xlim(0, max(f["speedup_max"] for f in figures) * 1.6)
     axis.invert_yaxis()

@@ -85,7 +85,7 @@ def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
     handles = [Line2D([], [], color=colours[name], linewidth=2, label=name) for name in names]
     handles += [Line2D([], [], color="black", linestyle=styles[seed], label=f"seed {seed}") for seed in seeds]
     figure.legend(handles=handles, loc="lower left", ncol=3, fontsize=8, frameon=False)
-    plot_speedups(ratio, summary, "Time to the pix2pix default's best")
+    plot_speedups(ratio, summary, "Time to the pix2pix default's best", colours)
     figure.suptitle(machine_line, fontsize=9)
     figure.tight_layout(rect=(0, 0.04 * legend_rows, 1, 1))
     figure.savefig(path, dpi=110)
@@ -203,7 +203,7 @@ def main() -> None:
     )
     for name in list(setups)[1:]:
         print(
-            f"{name}: to the pix2pix default's best smoothed PSNR {ratio_text(summary['configs'][name])} sooner "
+            f"{name}: speed-up to the pix2pix default's best smoothed PSNR {ratio_text(summary['configs'][name])} "
             f"({summary['rounds_counted']} rounds); {machine_text()}"
         )
     write_report(

@@ -141,3 +141,39 @@ def test_a_transposed_convolution_as_gemm_and_col2im_computes_the_same_values(bi
         (expected_grad,) = torch.autograd.grad(expected.square().sum(), x)
         (got_grad,) = torch.autograd.grad(got.square().sum(), x)
         torch.testing.assert_close(got_grad, expected_grad, rtol=1e-4, atol=1e-4)
+
+
+def test_time_to_quality_bars_take_the_colour_of_their_setups_curves(tmp_path):
+    """One colour per setup across both panels (nine variants: more than the palette holds), the verdict in words."""
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+
+    from benchmarks.time_to_quality import PAPER, PROJECT, plot
+
+    setups = [PAPER, PROJECT, *(f"project default, variant {k}" for k in range(9))]
+    children = {
+        (name, seed): {"psnr_seconds": [1.0, 2.0, 3.0], "psnr_smoothed": [None, 15.0 + k, 15.5 + k]}
+        for k, name in enumerate(setups)
+        for seed in (0, 1)
+    }
+    speedups = {name: [2.0 + k, 3.0 + k] for k, name in enumerate(setups)} | {PAPER: [1, 1], setups[2]: [0.8, 1.2]}
+    records = [
+        {"config": name, "round": seed, "seconds": 10.0 / speedups[name][seed], "flagged": False}
+        for seed in (0, 1)
+        for name in setups
+    ]
+    summary = rounds.summarize(records, baseline=PAPER)
+    plot(children, summary, tmp_path / "ttq.png", "a machine")
+    curves, bars = plt.gcf().axes
+    curve_colour = {}
+    for line, (name, _) in zip(curves.get_lines(), children):
+        curve_colour.setdefault(name, matplotlib.colors.to_hex(line.get_color()))
+    bar_colour = {
+        label.get_text(): matplotlib.colors.to_hex(patch.get_facecolor())
+        for label, patch in zip(bars.get_yticklabels(), bars.patches)
+    }
+    verdicts = [text.get_text() for text in bars.texts if "no measurable difference" in text.get_text()]
+    plt.close("all")
+    assert bar_colour == curve_colour and len(set(curve_colour.values())) > 2
+    assert verdicts == ["x1.00 [0.80-1.20]\nno measurable difference"]
+    assert (tmp_path / "ttq.png").stat().st_size > 0
