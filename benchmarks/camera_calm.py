@@ -10,7 +10,7 @@ visible frame of a registered camera.
 PSNR (dB, [0, 1] images, mean over the test frames) over the pixels the two renders share — where the objects are
 (where the two thermal renders differ, grown by GROW pixels) is left out of both scores — in two regions: the face
 (the face box `preprocess.face_crop` would cut from the calm frame) and the whole frame. Writes
-reports/camera_calm.json.
+reports/camera_calm.json (--report names it otherwise).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy.ndimage import binary_dilation
 
-from benchmarks.common import machine_text, write_report
+from benchmarks.common import add_report_option, machine_text, write_report
 from thermal2visible.config import load_params, preset_overrides, stored_section
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.preprocess import face_box, thermal_counts
@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--preset", type=Path, default=CAMERA)
     parser.add_argument("--onnx", type=Path, default=ONNX)
     parser.add_argument("--cache", type=Path, default=CACHE)
+    add_report_option(parser, "camera_calm", "json")
     args = parser.parse_args()
     synthesize = load_params(args.params, preset_overrides(args.preset)).synthesize
     session = onnx_session(args.onnx)
@@ -98,7 +99,7 @@ def main() -> None:
     }
     report = {
         "command": f"python -m benchmarks.camera_calm --params {args.params} --preset {args.preset} "
-        f"--onnx {args.onnx} --cache {args.cache}",
+        f"--onnx {args.onnx} --cache {args.cache} --report {args.report}",
         "machine_text": machine_text(),
         "image_size": cfg.image_size,
         "thermal_norm": cfg.thermal_norm,
@@ -109,7 +110,7 @@ def main() -> None:
             for region, by_frame in psnr.items()
         },
     }
-    write_report("camera_calm", report)
+    write_report(args.report, report)
     print(json.dumps(report, indent=2))
 
 

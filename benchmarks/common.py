@@ -193,6 +193,14 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def add_report_option(parser, default: str, files: str) -> None:
+    """--report NAME: the reports/NAME.<files> a run writes, so a run of other settings (another batch, AVX2
+    arithmetic, more setups) keeps the shipped report beside its own."""
+    parser.add_argument(
+        "--report", default=default, help=f"name of the reports/<name>.{files} files (default {default})"
+    )
+
+
 def write_report(name: str, figures: dict) -> Path:
     """reports/<name>.json with the figures and the machine that produced them."""
     path = REPORTS / f"{name}.json"

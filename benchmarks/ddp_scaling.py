@@ -8,8 +8,9 @@ and gradient compression varied. DDP refuses the stock
 bf16 compression hook on CPU by its name, so the bf16 hook here is the project's own, doing the same thing.
 The configurations run in interleaved rounds (benchmarks/rounds.py); the figure compared is seconds per image.
 
-Writes reports/ddp_scaling.json and reports/ddp_scaling.png.
+Writes reports/ddp_scaling.json and reports/ddp_scaling.png (--report names them otherwise).
 Usage: python -m benchmarks.ddp_scaling [--size 256] [--batches 4] [--rounds 3] [--repeats 4] [--configs ...]
+       [--report ddp_scaling]
 """
 
 import argparse
@@ -36,6 +37,7 @@ from benchmarks.common import (
     REPORTS,
     SHIPPED,
     BatchClock,
+    add_report_option,
     machine_text,
     markdown_table,
     median_seconds,  # noqa: E402
@@ -189,6 +191,7 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    add_report_option(parser, "ddp_scaling", "{json,png}")
     args = parser.parse_args()
     if args.worker:
         worker(json.loads(args.worker), args.cache, args.size, args.batches[0], args.warmup, args.repeats, args.out)
@@ -229,7 +232,7 @@ def main() -> None:
         )
     )
     write_report(
-        "ddp_scaling",
+        args.report,
         {
             "results": results,
             "records": records,
@@ -240,8 +243,8 @@ def main() -> None:
             "allreduce_s": exchange,
         },
     )
-    plot(results, REPORTS / "ddp_scaling.png")
-    print(f"wrote {REPORTS}/ddp_scaling.json and .png")
+    plot(results, REPORTS / f"{args.report}.png")
+    print(f"wrote {REPORTS}/{args.report}.json and .png")
 
 
 if __name__ == "__main__":

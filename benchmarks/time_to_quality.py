@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 import mlflow  # noqa: E402
 
-from benchmarks.common import REPORTS, machine_text, markdown_table, write_report  # noqa: E402
+from benchmarks.common import REPORTS, add_report_option, machine_text, markdown_table, write_report  # noqa: E402
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> None:
         help="adds a setup (repeatable): the project default with these space-separated changes (its own levers: "
         "train.batch_size, train.lr_scaling, ...)",
     )
-    parser.add_argument("--report", default="time_to_quality", help="name of the reports/<name>.json and .png")
+    add_report_option(parser, "time_to_quality", "{json,png}")
     args = parser.parse_args()
     common = [
         f"early_stop.window={args.window}",

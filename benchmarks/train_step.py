@@ -46,6 +46,7 @@ from benchmarks.common import (
     SHIPPED,
     BatchClock,
     GemmPeaks,
+    add_report_option,
     decoded_batch,  # noqa: E402
     machine_text,
     markdown_table,
@@ -261,12 +262,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-profile", action="store_true")
-    parser.add_argument(
-        "--report",
-        default="train_step",
-        help="name of the reports/<name>.{json,md,png} files (e.g. train_step_avx2 for a run limited "
-        "to AVX2, see README 'Performance')",
-    )
+    add_report_option(parser, "train_step", "{json,md,png}")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     configs = {name: CONFIGS[name] for name in dict.fromkeys([PLAIN, *args.configs])}

@@ -116,17 +116,25 @@ def test_a_descendant_that_outlives_its_parent_stays_ours():
 @pytest.mark.slow
 def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benchmark):
     done = run_benchmark(
-        "train_step", tmp_path, "--sizes", "32", "--rounds", "2", "--steps", "1", "--configs", "default", "--no-profile"
+        "train_step",
+        tmp_path,
+        *("--sizes", "32", "--rounds", "2", "--steps", "1", "--configs", "default", "--no-profile"),
+        *("--report", "train_step_small"),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((tmp_path / "reports" / "train_step.json").read_text())
+    assert sorted(path.name for path in (tmp_path / "reports").iterdir()) == [
+        "train_step_small.json",
+        "train_step_small.md",
+        "train_step_small.png",
+    ]
+    report = json.loads((tmp_path / "reports" / "train_step_small.json").read_text())
     (result,) = report["results"]
     assert result["summary"]["rounds"] == 2 and len(result["records"]) == 4
     figures = result["summary"]["configs"]["default"]
     assert figures["speedup_min"] <= figures["speedup_median"] <= figures["speedup_max"]
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
     assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
-    assert (tmp_path / "reports" / "train_step.png").stat().st_size > 0
+    assert (tmp_path / "reports" / "train_step_small.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("bias", [False, True])
