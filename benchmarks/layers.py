@@ -6,9 +6,10 @@ Each transposed convolution is also run the way a GEMM library would: one matmul
 C_out*4*4) with the input (C_in x pixels), then col2im (`F.fold`) to overlap-add the 4x4 patches — the same
 arithmetic, summed in another order. Its speed-up over oneDNN's transposed convolution is a per-round ratio.
 
-    python -m benchmarks.layers [--batch 4] [--rounds 3] [--repeats 5]
+    python -m benchmarks.layers [--batch 4] [--rounds 3] [--repeats 5] [--report layers]
 
-Writes reports/layers.json and reports/layers.md.
+Writes reports/layers.json and reports/layers.md (--report names them otherwise); the table's last row is all the
+layers together, the rate the step's convolutions reach with nothing else in the step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from benchmarks.common import (
     PAPER_SIZE,
     REPORTS,
     GemmPeaks,
+    add_report_option,
     machine_text,
     markdown_table,
     median_seconds,
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
+    add_report_option(parser, "layers", "{json,md}")
     args = parser.parse_args()
     torch.manual_seed(0)
     layers = convolutions(args.batch)
@@ -134,20 +137,25 @@ def main() -> None:
                 alternative,
             ]
         )
+    together = peaks.arithmetic(sum(step_flops(layer, shape) for _, layer, shape in layers), total, "bf16")
+    rows.append(
+        ["all layers together", "", round(total * 1e3, 2), "100%", together["gflops_per_s"], share_text(together), ""]
+    )
     table = markdown_table(
         ["layer", "input", "ms fwd+bwd", "share of all layers", "GFLOP/s", "of the bf16 peak", "GEMM + col2im"], rows
     )
     text = f"{machine_text()}; GEMM peak {peaks.text()}; batch {args.batch}, {PAPER_SIZE} px\n\n{table}\n"
     print(text)
-    (REPORTS / "layers.md").write_text(text)
+    (REPORTS / f"{args.report}.md").write_text(text)
     write_report(
-        "layers",
+        args.report,
         {
             "command": f"python -m benchmarks.layers --batch {args.batch} --rounds {args.rounds} "
-            f"--repeats {args.repeats}",
+            f"--repeats {args.repeats} --report {args.report}",
             "machine_text": machine_text(),
             "peaks": peaks.report(),
             "layers": report_layers,
+            "all_layers": {"ms": round(total * 1e3, 2)} | together,
             "rounds": records,
         },
     )
