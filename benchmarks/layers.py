@@ -8,8 +8,9 @@ arithmetic, summed in another order. Its speed-up over oneDNN's transposed convo
 
     python -m benchmarks.layers [--batch 4] [--rounds 3] [--repeats 5] [--report layers]
 
-Writes reports/layers.json and reports/layers.md (--report names them otherwise); the table's last row is all the
-layers together, the rate the step's convolutions reach with nothing else in the step.
+Writes reports/layers.json and reports/layers.md (--report names them otherwise). The table's last two rows add
+the layers up: once each, and as the plain step runs them (STEP_MIX), the rate its convolutions reach with nothing
+else in the step, to set beside benchmarks.train_step's figure for the whole step.
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def convolutions(batch: int) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
         for hook in hooks:
             hook.remove()
     return found
+
+
+# Units of work per step, in the timed unit (forward + input gradient + weight gradient = 3): G runs forward and
+# back once; D runs three forwards, two backward passes with weight gradients in its own step and one without in
+# G's (D frozen): 3 + 2 x 2 + 1 = 8.
+STEP_MIX = {"G": 1.0, "D": 8 / 3}
 
 
 def step_flops(layer: nn.Module, shape: tuple[int, ...]) -> int:
@@ -138,9 +145,16 @@ def main() -> None:
             ]
         )
     together = peaks.arithmetic(sum(step_flops(layer, shape) for _, layer, shape in layers), total, "bf16")
-    rows.append(
-        ["all layers together", "", round(total * 1e3, 2), "100%", together["gflops_per_s"], share_text(together), ""]
+    weight = {name: STEP_MIX[name.split()[0]] for name, _, _ in layers}
+    step_s = sum(weight[name] * median_s[name] for name, _, _ in layers)
+    in_step = peaks.arithmetic(
+        round(sum(weight[name] * step_flops(layer, shape) for name, layer, shape in layers)), step_s, "bf16"
     )
+    mixed = "as the plain step runs them (G x1, D x8/3)"
+    rows += [
+        ["all layers together", "", round(total * 1e3, 2), "100%", together["gflops_per_s"], share_text(together), ""],
+        [mixed, "", round(step_s * 1e3, 2), "", in_step["gflops_per_s"], share_text(in_step), ""],
+    ]
     table = markdown_table(
         ["layer", "input", "ms fwd+bwd", "share of all layers", "GFLOP/s", "of the bf16 peak", "GEMM + col2im"], rows
     )
@@ -156,6 +170,7 @@ def main() -> None:
             "peaks": peaks.report(),
             "layers": report_layers,
             "all_layers": {"ms": round(total * 1e3, 2)} | together,
+            "as_in_the_step": {"mix": STEP_MIX, "ms": round(step_s * 1e3, 2)} | in_step,
             "rounds": records,
         },
     )

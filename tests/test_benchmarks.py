@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks import rounds
-from benchmarks.layers import transposed_as_gemm
+from benchmarks.layers import STEP_MIX, convolutions, step_flops, transposed_as_gemm
 
 
 def test_each_round_runs_every_configuration_in_a_rotated_order():
@@ -185,3 +185,15 @@ def test_time_to_quality_bars_take_the_colour_of_their_setups_curves(tmp_path):
     assert bar_colour == curve_colour and len(set(curve_colour.values())) > 2
     assert verdicts == ["x1.00 [0.80-1.20]\nno measurable difference"]
     assert (tmp_path / "ttq.png").stat().st_size > 0
+
+
+def test_the_step_mix_of_the_layers_adds_up_to_the_plain_steps_flops():
+    """benchmarks.layers weighs each network's layers as the plain step runs them; FlopCounterMode on one plain step
+    (what train_step divides by) must agree, up to D's first input gradient, which D's own step skips."""
+    from benchmarks.common import PAPER_SIZE
+    from benchmarks.train_step import plain_step_flops
+
+    layers = convolutions(batch=1)
+    mixed = sum(STEP_MIX[name.split()[0]] * step_flops(layer, shape) for name, layer, shape in layers)
+    batch = [(torch.randn(1, 1, PAPER_SIZE, PAPER_SIZE), torch.randn(1, 3, PAPER_SIZE, PAPER_SIZE))]
+    assert mixed == pytest.approx(plain_step_flops(PAPER_SIZE, batch), rel=0.01)
