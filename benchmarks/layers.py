@@ -2,9 +2,11 @@
 generator and PatchGAN, 256 px, ngf/ndf 64, batch 4), forward + backward under bf16 autocast, timed on its own in
 interleaved rounds (benchmarks/rounds.py), its GFLOP/s set against the bf16 GEMM peak measured in every round.
 
-Each transposed convolution is also run the way a GEMM library would: one matmul of the weights (C_in x
-C_out*4*4) with the input (C_in x pixels), then col2im (`F.fold`) to overlap-add the 4x4 patches — the same
-arithmetic, summed in another order. Its speed-up over oneDNN's transposed convolution is a per-round ratio.
+Each convolution is also run the way a GEMM library would, the same arithmetic summed in another order: a
+transposed one as one matmul of the weights (C_in x C_out*4*4) with the input (C_in x pixels), then col2im
+(`F.fold`) to overlap-add the 4x4 patches; a plain one as im2col (`F.unfold`) and one matmul. Its speed-up over
+oneDNN's convolution is a per-round ratio. So is the whole plain step's (bf16 autocast) with every layer that sees
+at most SMALL_SIDE pixels done that way, the others left to oneDNN.
 
     python -m benchmarks.layers [--batch 4] [--rounds 3] [--repeats 5] [--report layers]
 
@@ -52,6 +54,45 @@ def transposed_as_gemm(x: torch.Tensor, layer: nn.ConvTranspose2d) -> torch.Tens
     return folded if layer.bias is None else folded + layer.bias[:, None, None]
 
 
+def conv_as_gemm(x: torch.Tensor, layer: nn.Conv2d) -> torch.Tensor:
+    """`layer(x)` of a Conv2d as im2col and one matmul of weights and columns, then the bias."""
+    batch, _, height, width = x.shape
+    k, stride, padding = layer.kernel_size[0], layer.stride[0], layer.padding[0]
+    out = ((height + 2 * padding - k) // stride + 1, (width + 2 * padding - k) // stride + 1)
+    columns = layer.weight.reshape(layer.out_channels, -1) @ F.unfold(x, k, padding=padding, stride=stride)
+    y = columns.reshape(batch, layer.out_channels, *out)
+    return y if layer.bias is None else y + layer.bias[:, None, None]
+
+
+def as_gemm(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    return transposed_as_gemm(x, layer) if isinstance(layer, nn.ConvTranspose2d) else conv_as_gemm(x, layer)
+
+
+SMALL_SIDE = 8  # px: the layers the per-layer GEMM ratios favour
+
+
+def plain_step(batch: int, small_as_gemm: bool):
+    """Seconds of one plain step (bf16 autocast), optionally with the layers that see <= SMALL_SIDE px as GEMMs."""
+    torch.manual_seed(0)
+    plain = PlainPix2Pix(PAPER_MODEL, PAPER_SIZE)
+    if small_as_gemm:
+        for network in (plain.generator, plain.discriminator):
+            for layer in network.modules():
+                if isinstance(layer, (nn.Conv2d, nn.ConvTranspose2d)):
+                    native = layer.forward
+                    layer.forward = lambda x, layer=layer, native=native: (
+                        as_gemm(x, layer) if x.shape[-1] <= SMALL_SIDE else native(x)
+                    )
+    thermal = torch.rand(batch, 1, PAPER_SIZE, PAPER_SIZE) * 2 - 1
+    visible = torch.rand(batch, 3, PAPER_SIZE, PAPER_SIZE) * 2 - 1
+
+    def once() -> None:
+        with torch.autocast("cpu", torch.bfloat16):
+            plain.step(thermal, visible)
+
+    return once
+
+
 def convolutions(batch: int) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     """(name, layer, input shape) of every convolution of the plain step's generator and discriminator (the paper's
     networks), in call order."""
@@ -97,6 +138,12 @@ def fwd_bwd(run, layer: nn.Module, shape: tuple[int, ...], repeats: int):
     return lambda: median_seconds(once, repeats)
 
 
+def pair_ratio(records: list[dict], baseline: str, other: str) -> dict:
+    """`other`'s speed-up over `baseline`, round by round."""
+    pair = [r for r in records if r["config"] in (baseline, other)]
+    return summarize(pair, baseline=baseline)["configs"][other]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4)
@@ -109,8 +156,11 @@ def main() -> None:
     measurements = {}
     for name, layer, shape in layers:
         measurements[name] = fwd_bwd(lambda x, m: m(x), layer, shape, args.repeats)
-        if isinstance(layer, nn.ConvTranspose2d):
-            measurements[f"{name} as GEMM + col2im"] = fwd_bwd(transposed_as_gemm, layer, shape, args.repeats)
+        measurements[f"{name} as GEMM"] = fwd_bwd(as_gemm, layer, shape, args.repeats)
+    step_once = {small: plain_step(args.batch, small) for small in (False, True)}
+    steps = {"plain step": False, f"plain step, <= {SMALL_SIDE} px layers as GEMM": True}
+    for name, small in steps.items():
+        measurements[name] = lambda small=small: median_seconds(step_once[small], max(2, args.repeats // 2))
     peaks = GemmPeaks(["bf16"])
     records = measure_rounds(measurements, args.rounds, after_each_round=peaks.measure)
     median_s = {name: statistics.median(r["seconds"] for r in records if r["config"] == name) for name in measurements}
@@ -126,12 +176,7 @@ def main() -> None:
             "share_of_layers": round(seconds / total, 3),
         }
         entry |= arithmetic
-        alternative = ""
-        if isinstance(layer, nn.ConvTranspose2d):
-            pair = [r for r in records if r["config"] in (name, f"{name} as GEMM + col2im")]
-            figures = summarize(pair, baseline=name)["configs"][f"{name} as GEMM + col2im"]
-            entry["as_gemm_col2im"] = figures
-            alternative = ratio_text(figures)
+        entry["as_gemm"] = pair_ratio(records, name, f"{name} as GEMM")
         report_layers.append(entry)
         rows.append(
             [
@@ -141,7 +186,7 @@ def main() -> None:
                 f"{entry['share_of_layers']:.0%}",
                 arithmetic["gflops_per_s"],
                 share_text(arithmetic),
-                alternative,
+                ratio_text(entry["as_gemm"]),
             ]
         )
     together = peaks.arithmetic(sum(step_flops(layer, shape) for _, layer, shape in layers), total, "bf16")
@@ -155,8 +200,13 @@ def main() -> None:
         ["all layers together", "", round(total * 1e3, 2), "100%", together["gflops_per_s"], share_text(together), ""],
         [mixed, "", round(step_s * 1e3, 2), "", in_step["gflops_per_s"], share_text(in_step), ""],
     ]
+    (plain, gemm_step) = steps
+    whole_step = pair_ratio(records, plain, gemm_step)
+    rows.append([f"whole {plain} (bf16 autocast)", "", round(median_s[plain] * 1e3, 2), "", "", "", ""])
+    rows.append([gemm_step, "", round(median_s[gemm_step] * 1e3, 2), "", "", "", ratio_text(whole_step)])
     table = markdown_table(
-        ["layer", "input", "ms fwd+bwd", "share of all layers", "GFLOP/s", "of the bf16 peak", "GEMM + col2im"], rows
+        ["layer", "input", "ms fwd+bwd", "share of all layers", "GFLOP/s", "of the bf16 peak", "as GEMM (speed-up)"],
+        rows,
     )
     text = f"{machine_text()}; GEMM peak {peaks.text()}; batch {args.batch}, {PAPER_SIZE} px\n\n{table}\n"
     print(text)
@@ -171,6 +221,7 @@ def main() -> None:
             "layers": report_layers,
             "all_layers": {"ms": round(total * 1e3, 2)} | together,
             "as_in_the_step": {"mix": STEP_MIX, "ms": round(step_s * 1e3, 2)} | in_step,
+            "whole_plain_step_small_layers_as_gemm": whole_step,
             "rounds": records,
         },
     )
