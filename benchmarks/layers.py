@@ -1,6 +1,7 @@
 """Where the bf16 training step leaves the hardware unused: every convolution of the paper's networks (U-Net
-generator and PatchGAN, 256 px, ngf/ndf 64, batch 4), forward + backward under bf16 autocast, timed on its own in
-interleaved rounds (benchmarks/rounds.py), its GFLOP/s set against the bf16 GEMM peak measured in every round.
+generator and PatchGAN, 256 px, ngf/ndf 64, batch 4; --size: params.yaml's networks at another size), forward +
+backward under bf16 autocast, timed on its own in interleaved rounds (benchmarks/rounds.py), its GFLOP/s set against
+the bf16 GEMM peak measured in every round.
 
 Each convolution is also run the way a GEMM library would, the same arithmetic summed in another order: a
 transposed one as one matmul of the weights (C_in x C_out*4*4) with the input (C_in x pixels), then col2im
@@ -8,7 +9,7 @@ transposed one as one matmul of the weights (C_in x C_out*4*4) with the input (C
 oneDNN's convolution is a per-round ratio. So is the whole plain step's (bf16 autocast) with every layer that sees
 at most SMALL_SIDE pixels done that way, the others left to oneDNN.
 
-    python -m benchmarks.layers [--batch 4] [--rounds 3] [--repeats 5] [--report layers]
+    python -m benchmarks.layers [--batch 4] [--size 256] [--rounds 3] [--repeats 5] [--report layers]
 
 Writes reports/layers.json and reports/layers.md (--report names them otherwise). The table's last two rows add
 the layers up: once each, and as the plain step runs them (STEP_MIX), the rate its convolutions reach with nothing
@@ -26,7 +27,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.common import (
-    PAPER_MODEL,
     PAPER_SIZE,
     REPORTS,
     GemmPeaks,
@@ -38,7 +38,7 @@ from benchmarks.common import (
     write_report,
 )
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
-from benchmarks.train_step import PlainPix2Pix
+from benchmarks.train_step import PlainPix2Pix, model_for
 
 
 def transposed_as_gemm(x: torch.Tensor, layer: nn.ConvTranspose2d) -> torch.Tensor:
@@ -71,10 +71,10 @@ def as_gemm(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
 SMALL_SIDE = 8  # px: the layers the per-layer GEMM ratios favour
 
 
-def plain_step(batch: int, small_as_gemm: bool):
+def plain_step(batch: int, size: int, small_as_gemm: bool):
     """Seconds of one plain step (bf16 autocast), optionally with the layers that see <= SMALL_SIDE px as GEMMs."""
     torch.manual_seed(0)
-    plain = PlainPix2Pix(PAPER_MODEL, PAPER_SIZE)
+    plain = PlainPix2Pix(model_for(size), size)
     if small_as_gemm:
         for network in (plain.generator, plain.discriminator):
             for layer in network.modules():
@@ -83,8 +83,8 @@ def plain_step(batch: int, small_as_gemm: bool):
                     layer.forward = lambda x, layer=layer, native=native: (
                         as_gemm(x, layer) if x.shape[-1] <= SMALL_SIDE else native(x)
                     )
-    thermal = torch.rand(batch, 1, PAPER_SIZE, PAPER_SIZE) * 2 - 1
-    visible = torch.rand(batch, 3, PAPER_SIZE, PAPER_SIZE) * 2 - 1
+    thermal = torch.rand(batch, 1, size, size) * 2 - 1
+    visible = torch.rand(batch, 3, size, size) * 2 - 1
 
     def once() -> None:
         with torch.autocast("cpu", torch.bfloat16):
@@ -93,10 +93,10 @@ def plain_step(batch: int, small_as_gemm: bool):
     return once
 
 
-def convolutions(batch: int) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
+def convolutions(batch: int, size: int = PAPER_SIZE) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     """(name, layer, input shape) of every convolution of the plain step's generator and discriminator (the paper's
     networks), in call order."""
-    plain = PlainPix2Pix(PAPER_MODEL, PAPER_SIZE)
+    plain = PlainPix2Pix(model_for(size), size)
     found = []
     for prefix, network in (("G", plain.generator), ("D", plain.discriminator.layers)):  # D's layers take the pair
         convs = [(name, m) for name, m in network.named_modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
@@ -107,7 +107,7 @@ def convolutions(batch: int) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
             for name, module in convs
         ]
         with torch.no_grad():
-            network(torch.zeros(batch, convs[0][1].in_channels, PAPER_SIZE, PAPER_SIZE))
+            network(torch.zeros(batch, convs[0][1].in_channels, size, size))
         for hook in hooks:
             hook.remove()
     return found
@@ -147,17 +147,20 @@ def pair_ratio(records: list[dict], baseline: str, other: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument(
+        "--size", type=int, default=PAPER_SIZE, help="px; the paper's networks at 256, else params.yaml's"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     add_report_option(parser, "layers", "{json,md}")
     args = parser.parse_args()
     torch.manual_seed(0)
-    layers = convolutions(args.batch)
+    layers = convolutions(args.batch, args.size)
     measurements = {}
     for name, layer, shape in layers:
         measurements[name] = fwd_bwd(lambda x, m: m(x), layer, shape, args.repeats)
         measurements[f"{name} as GEMM"] = fwd_bwd(as_gemm, layer, shape, args.repeats)
-    step_once = {small: plain_step(args.batch, small) for small in (False, True)}
+    step_once = {small: plain_step(args.batch, args.size, small) for small in (False, True)}
     steps = {"plain step": False, f"plain step, <= {SMALL_SIDE} px layers as GEMM": True}
     for name, small in steps.items():
         measurements[name] = lambda small=small: median_seconds(step_once[small], max(2, args.repeats // 2))
@@ -208,13 +211,13 @@ def main() -> None:
         ["layer", "input", "ms fwd+bwd", "share of all layers", "GFLOP/s", "of the bf16 peak", "as GEMM (speed-up)"],
         rows,
     )
-    text = f"{machine_text()}; GEMM peak {peaks.text()}; batch {args.batch}, {PAPER_SIZE} px\n\n{table}\n"
+    text = f"{machine_text()}; GEMM peak {peaks.text()}; batch {args.batch}, {args.size} px\n\n{table}\n"
     print(text)
     (REPORTS / f"{args.report}.md").write_text(text)
     write_report(
         args.report,
         {
-            "command": f"python -m benchmarks.layers --batch {args.batch} --rounds {args.rounds} "
+            "command": f"python -m benchmarks.layers --batch {args.batch} --size {args.size} --rounds {args.rounds} "
             f"--repeats {args.repeats} --report {args.report}",
             "machine_text": machine_text(),
             "peaks": peaks.report(),
