@@ -6,8 +6,8 @@ the bf16 GEMM peak measured in every round.
 Each convolution is also run the way a GEMM library would, the same arithmetic summed in another order: a
 transposed one as one matmul of the weights (C_in x C_out*4*4) with the input (C_in x pixels), then col2im
 (`F.fold`) to overlap-add the 4x4 patches; a plain one as im2col (`F.unfold`) and one matmul. Its speed-up over
-oneDNN's convolution is a per-round ratio. So is the whole plain step's (bf16 autocast) with every layer that sees
-at most SMALL_SIDE pixels done that way, the others left to oneDNN.
+oneDNN's convolution is a per-round ratio. So is, in rounds of its own after those, the whole plain step's (bf16
+autocast) with the layers that were faster that way (spread above 1) swapped in, the others left to oneDNN.
 
     python -m benchmarks.layers [--batch 4] [--size 256] [--rounds 3] [--repeats 5] [--report layers]
 
@@ -68,21 +68,23 @@ def as_gemm(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return transposed_as_gemm(x, layer) if isinstance(layer, nn.ConvTranspose2d) else conv_as_gemm(x, layer)
 
 
-SMALL_SIDE = 8  # px: the layers the per-layer GEMM ratios favour
+def named_convolutions(plain: PlainPix2Pix) -> list[tuple[str, nn.Module, nn.Module]]:
+    """("G encoder.5.1" / "D 8", layer, the network its input shape comes from) for every convolution."""
+    return [
+        (f"{prefix} {name}", module, network)
+        for prefix, network in (("G", plain.generator), ("D", plain.discriminator.layers))  # D's layers take the pair
+        for name, module in network.named_modules()
+        if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d))
+    ]
 
 
-def plain_step(batch: int, size: int, small_as_gemm: bool):
-    """Seconds of one plain step (bf16 autocast), optionally with the layers that see <= SMALL_SIDE px as GEMMs."""
+def plain_step(batch: int, size: int, as_gemm_layers: set[str]):
+    """One plain step (bf16 autocast) as a call, with the named layers done as GEMMs."""
     torch.manual_seed(0)
     plain = PlainPix2Pix(model_for(size), size)
-    if small_as_gemm:
-        for network in (plain.generator, plain.discriminator):
-            for layer in network.modules():
-                if isinstance(layer, (nn.Conv2d, nn.ConvTranspose2d)):
-                    native = layer.forward
-                    layer.forward = lambda x, layer=layer, native=native: (
-                        as_gemm(x, layer) if x.shape[-1] <= SMALL_SIDE else native(x)
-                    )
+    for name, layer, _ in named_convolutions(plain):
+        if name in as_gemm_layers:
+            layer.forward = lambda x, layer=layer: as_gemm(x, layer)
     thermal = torch.rand(batch, 1, size, size) * 2 - 1
     visible = torch.rand(batch, 3, size, size) * 2 - 1
 
@@ -95,21 +97,21 @@ def plain_step(batch: int, size: int, small_as_gemm: bool):
 
 def convolutions(batch: int, size: int = PAPER_SIZE) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     """(name, layer, input shape) of every convolution of the plain step's generator and discriminator (the paper's
-    networks), in call order."""
-    plain = PlainPix2Pix(model_for(size), size)
+    networks at 256 px), in call order."""
     found = []
-    for prefix, network in (("G", plain.generator), ("D", plain.discriminator.layers)):  # D's layers take the pair
-        convs = [(name, m) for name, m in network.named_modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
-        hooks = [
-            module.register_forward_hook(
-                lambda module, inputs, output, name=f"{prefix} {name}": found.append((name, module, inputs[0].shape))
-            )
-            for name, module in convs
-        ]
-        with torch.no_grad():
-            network(torch.zeros(batch, convs[0][1].in_channels, size, size))
-        for hook in hooks:
-            hook.remove()
+    named = named_convolutions(PlainPix2Pix(model_for(size), size))
+    hooks = [
+        layer.register_forward_hook(
+            lambda module, inputs, output, name=name: found.append((name, module, inputs[0].shape))
+        )
+        for name, layer, _ in named
+    ]
+    with torch.no_grad():
+        for network in dict.fromkeys(network for _, _, network in named):
+            first = next(layer for _, layer, owner in named if owner is network)
+            network(torch.zeros(batch, first.in_channels, size, size))
+    for hook in hooks:
+        hook.remove()
     return found
 
 
@@ -160,13 +162,18 @@ def main() -> None:
     for name, layer, shape in layers:
         measurements[name] = fwd_bwd(lambda x, m: m(x), layer, shape, args.repeats)
         measurements[f"{name} as GEMM"] = fwd_bwd(as_gemm, layer, shape, args.repeats)
-    step_once = {small: plain_step(args.batch, args.size, small) for small in (False, True)}
-    steps = {"plain step": False, f"plain step, <= {SMALL_SIDE} px layers as GEMM": True}
-    for name, small in steps.items():
-        measurements[name] = lambda small=small: median_seconds(step_once[small], max(2, args.repeats // 2))
     peaks = GemmPeaks(["bf16"])
     records = measure_rounds(measurements, args.rounds, after_each_round=peaks.measure)
-    median_s = {name: statistics.median(r["seconds"] for r in records if r["config"] == name) for name in measurements}
+    # The whole step, with the layers that were faster as GEMMs (spread above 1) done that way.
+    faster = {name for name, _, _ in layers if pair_ratio(records, name, f"{name} as GEMM")["verdict"] == "faster"}
+    steps = {"plain step": set(), "plain step, the faster layers as GEMM": faster}
+    step_once = {name: plain_step(args.batch, args.size, swapped) for name, swapped in steps.items()}
+    records += measure_rounds(
+        {name: lambda name=name: median_seconds(step_once[name], max(2, args.repeats // 2)) for name in steps},
+        args.rounds,
+    )
+    configs = dict.fromkeys(r["config"] for r in records)
+    median_s = {name: statistics.median(r["seconds"] for r in records if r["config"] == name) for name in configs}
     total = sum(median_s[name] for name, _, _ in layers)
     rows, report_layers = [], []
     for name, layer, shape in layers:
@@ -224,7 +231,7 @@ def main() -> None:
             "layers": report_layers,
             "all_layers": {"ms": round(total * 1e3, 2)} | together,
             "as_in_the_step": {"mix": STEP_MIX, "ms": round(step_s * 1e3, 2)} | in_step,
-            "whole_plain_step_small_layers_as_gemm": whole_step,
+            "whole_plain_step_faster_layers_as_gemm": whole_step | {"layers": sorted(faster)},
             "rounds": records,
         },
     )
