@@ -68,11 +68,14 @@ def as_gemm(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return transposed_as_gemm(x, layer) if isinstance(layer, nn.ConvTranspose2d) else conv_as_gemm(x, layer)
 
 
-def named_convolutions(plain: PlainPix2Pix) -> list[tuple[str, nn.Module, nn.Module]]:
-    """("G encoder.5.1" / "D 8", layer, the network its input shape comes from) for every convolution."""
+def networks(plain: PlainPix2Pix) -> tuple[tuple[str, nn.Module], ...]:
+    return ("G", plain.generator), ("D", plain.discriminator.layers)  # D's layers take the pair
+
+
+def named_convolutions(network: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
+    """("G encoder.5.1" / "D 8", layer) for every convolution of `network`."""
     return [
-        (f"{prefix} {name}", module, network)
-        for prefix, network in (("G", plain.generator), ("D", plain.discriminator.layers))  # D's layers take the pair
+        (f"{prefix} {name}", module)
         for name, module in network.named_modules()
         if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d))
     ]
@@ -82,9 +85,10 @@ def plain_step(batch: int, size: int, as_gemm_layers: set[str]):
     """One plain step (bf16 autocast) as a call, with the named layers done as GEMMs."""
     torch.manual_seed(0)
     plain = PlainPix2Pix(model_for(size), size)
-    for name, layer, _ in named_convolutions(plain):
-        if name in as_gemm_layers:
-            layer.forward = lambda x, layer=layer: as_gemm(x, layer)
+    for prefix, network in networks(plain):
+        for name, layer in named_convolutions(network, prefix):
+            if name in as_gemm_layers:
+                layer.forward = lambda x, layer=layer: as_gemm(x, layer)
     thermal = torch.rand(batch, 1, size, size) * 2 - 1
     visible = torch.rand(batch, 3, size, size) * 2 - 1
 
@@ -99,19 +103,18 @@ def convolutions(batch: int, size: int = PAPER_SIZE) -> list[tuple[str, nn.Modul
     """(name, layer, input shape) of every convolution of the plain step's generator and discriminator (the paper's
     networks at 256 px), in call order."""
     found = []
-    named = named_convolutions(PlainPix2Pix(model_for(size), size))
-    hooks = [
-        layer.register_forward_hook(
-            lambda module, inputs, output, name=name: found.append((name, module, inputs[0].shape))
-        )
-        for name, layer, _ in named
-    ]
-    with torch.no_grad():
-        for network in dict.fromkeys(network for _, _, network in named):
-            first = next(layer for _, layer, owner in named if owner is network)
-            network(torch.zeros(batch, first.in_channels, size, size))
-    for hook in hooks:
-        hook.remove()
+    for prefix, network in networks(PlainPix2Pix(model_for(size), size)):
+        convs = named_convolutions(network, prefix)
+        hooks = [
+            layer.register_forward_hook(
+                lambda module, inputs, output, name=name: found.append((name, module, inputs[0].shape))
+            )
+            for name, layer in convs
+        ]
+        with torch.no_grad():
+            network(torch.zeros(batch, convs[0][1].in_channels, size, size))
+        for hook in hooks:
+            hook.remove()
     return found
 
 
@@ -164,8 +167,9 @@ def main() -> None:
         measurements[f"{name} as GEMM"] = fwd_bwd(as_gemm, layer, shape, args.repeats)
     peaks = GemmPeaks(["bf16"])
     records = measure_rounds(measurements, args.rounds, after_each_round=peaks.measure)
+    as_gemm_ratio = {name: pair_ratio(records, name, f"{name} as GEMM") for name, _, _ in layers}
     # The whole step, with the layers that were faster as GEMMs (spread above 1) done that way.
-    faster = {name for name, _, _ in layers if pair_ratio(records, name, f"{name} as GEMM")["verdict"] == "faster"}
+    faster = {name for name, ratio in as_gemm_ratio.items() if ratio["verdict"] == "faster"}
     steps = {"plain step": set(), "plain step, the faster layers as GEMM": faster}
     step_once = {name: plain_step(args.batch, args.size, swapped) for name, swapped in steps.items()}
     records += measure_rounds(
@@ -175,10 +179,11 @@ def main() -> None:
     configs = dict.fromkeys(r["config"] for r in records)
     median_s = {name: statistics.median(r["seconds"] for r in records if r["config"] == name) for name in configs}
     total = sum(median_s[name] for name, _, _ in layers)
+    flops = {name: step_flops(layer, shape) for name, layer, shape in layers}
     rows, report_layers = [], []
     for name, layer, shape in layers:
         seconds = median_s[name]
-        arithmetic = peaks.arithmetic(step_flops(layer, shape), seconds, "bf16")
+        arithmetic = peaks.arithmetic(flops[name], seconds, "bf16")
         entry = {
             "layer": name,
             "input": list(shape),
@@ -186,7 +191,7 @@ def main() -> None:
             "share_of_layers": round(seconds / total, 3),
         }
         entry |= arithmetic
-        entry["as_gemm"] = pair_ratio(records, name, f"{name} as GEMM")
+        entry["as_gemm"] = as_gemm_ratio[name]
         report_layers.append(entry)
         rows.append(
             [
@@ -199,12 +204,10 @@ def main() -> None:
                 ratio_text(entry["as_gemm"]),
             ]
         )
-    together = peaks.arithmetic(sum(step_flops(layer, shape) for _, layer, shape in layers), total, "bf16")
-    weight = {name: STEP_MIX[name.split()[0]] for name, _, _ in layers}
-    step_s = sum(weight[name] * median_s[name] for name, _, _ in layers)
-    in_step = peaks.arithmetic(
-        round(sum(weight[name] * step_flops(layer, shape) for name, layer, shape in layers)), step_s, "bf16"
-    )
+    together = peaks.arithmetic(sum(flops.values()), total, "bf16")
+    weight = {name: STEP_MIX[name.split()[0]] for name in flops}
+    step_s = sum(weight[name] * median_s[name] for name in flops)
+    in_step = peaks.arithmetic(round(sum(weight[name] * flops[name] for name in flops)), step_s, "bf16")
     mixed = "as the plain step runs them (G x1, D x8/3)"
     rows += [
         ["all layers together", "", round(total * 1e3, 2), "100%", together["gflops_per_s"], share_text(together), ""],

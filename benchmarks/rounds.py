@@ -209,11 +209,12 @@ def plot_speedups(axis, summary: dict, title: str, colours: dict[str, str] | Non
     ]
     palette = {"baseline": "#4c72b0", "no measurable difference": "#999999", "faster": "#55a868", "slower": "#c44e52"}
     if colours is None:
-        bars = axis.barh(names, medians, xerr=spread, color=[palette[f["verdict"]] for f in figures], capsize=3)
+        bar_colours = [palette[f["verdict"]] for f in figures]
         labels = [ratio_text(f).split(",")[0] for f in figures]
     else:
-        bars = axis.barh(names, medians, xerr=spread, color=[colours[name] for name in names], capsize=3)
+        bar_colours = [colours[name] for name in names]
         labels = [ratio_text(f).replace(", ", "\n") for f in figures]
+    bars = axis.barh(names, medians, xerr=spread, color=bar_colours, capsize=3)
     axis.bar_label(bars, labels=labels, padding=8, fontsize=8)
     axis.axvline(1, color="black", linewidth=0.8)
     axis.set_xlim(0, max(f["speedup_max"] for f in figures) * 1.6)
