@@ -22,7 +22,6 @@ import argparse
 import statistics
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -39,33 +38,13 @@ from benchmarks.common import (
 )
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
 from benchmarks.train_step import PlainPix2Pix, model_for
-
-
-def transposed_as_gemm(x: torch.Tensor, layer: nn.ConvTranspose2d) -> torch.Tensor:
-    """`layer(x)` of a ConvTranspose2d as one matmul of weights and input, then col2im and the bias."""
-    batch, channels, height, width = x.shape
-    k = layer.kernel_size[0]
-    columns = layer.weight.reshape(channels, -1).t() @ x.reshape(batch, channels, height * width)
-    out = (
-        (height - 1) * layer.stride[0] - 2 * layer.padding[0] + k,
-        (width - 1) * layer.stride[1] - 2 * layer.padding[1] + k,
-    )
-    folded = F.fold(columns, out, kernel_size=k, stride=layer.stride, padding=layer.padding)
-    return folded if layer.bias is None else folded + layer.bias[:, None, None]
-
-
-def conv_as_gemm(x: torch.Tensor, layer: nn.Conv2d) -> torch.Tensor:
-    """`layer(x)` of a Conv2d as im2col and one matmul of weights and columns, then the bias."""
-    batch, _, height, width = x.shape
-    k, stride, padding = layer.kernel_size[0], layer.stride[0], layer.padding[0]
-    out = ((height + 2 * padding - k) // stride + 1, (width + 2 * padding - k) // stride + 1)
-    columns = layer.weight.reshape(layer.out_channels, -1) @ F.unfold(x, k, padding=padding, stride=stride)
-    y = columns.reshape(batch, layer.out_channels, *out)
-    return y if layer.bias is None else y + layer.bias[:, None, None]
+from thermal2visible.models.small_convs import conv2d_as_matmul, conv_transpose2d_as_matmul
 
 
 def as_gemm(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    return transposed_as_gemm(x, layer) if isinstance(layer, nn.ConvTranspose2d) else conv_as_gemm(x, layer)
+    """`layer(x)` as train.small_convs_as_matmul computes it."""
+    compute = conv_transpose2d_as_matmul if isinstance(layer, nn.ConvTranspose2d) else conv2d_as_matmul
+    return compute(x, layer.weight, layer.bias, layer.stride, layer.padding)
 
 
 def networks(plain: PlainPix2Pix) -> tuple[tuple[str, nn.Module], ...]:

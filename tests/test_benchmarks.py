@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks import rounds
-from benchmarks.layers import STEP_MIX, as_gemm, convolutions, step_flops
+from benchmarks.layers import STEP_MIX, convolutions, step_flops
 
 
 def test_each_round_runs_every_configuration_in_a_rotated_order():
@@ -135,26 +135,6 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
     assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
     assert (tmp_path / "reports" / "train_step_small.png").stat().st_size > 0
-
-
-@pytest.mark.parametrize("bias", [False, True])
-def test_a_convolution_as_gemm_computes_the_same_values(bias):
-    """benchmarks.layers compares oneDNN's convolutions with these formulations: each must be the same layer."""
-    torch.manual_seed(0)
-    cases = [
-        (torch.nn.ConvTranspose2d(c, o, 4, 2, 1, bias=bias), side) for c, o, side in ((16, 8, 1), (16, 8, 2), (8, 3, 5))
-    ]
-    cases += [
-        (torch.nn.Conv2d(c, o, 4, s, 1, bias=bias), side)
-        for c, o, s, side in ((8, 16, 2, 2), (8, 16, 2, 8), (4, 1, 1, 7))
-    ]
-    for layer, side in cases:
-        x = torch.randn(3, layer.in_channels, side, side, requires_grad=True)
-        expected, got = layer(x), as_gemm(x, layer)
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-        (expected_grad,) = torch.autograd.grad(expected.square().sum(), x)
-        (got_grad,) = torch.autograd.grad(got.square().sum(), x)
-        torch.testing.assert_close(got_grad, expected_grad, rtol=1e-4, atol=1e-4)
 
 
 def test_time_to_quality_bars_take_the_colour_of_their_setups_curves(tmp_path):

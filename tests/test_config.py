@@ -45,6 +45,7 @@ def test_override_is_parsed_as_yaml():
         ("model.generator=vae", "model.generator: 'vae' is not one of"),
         ("model.discriminator_scales=4", "model.discriminator_scales: 4 is not one of"),
         ("train.lambda_feat=-1", "train.lambda_feat: -1.0 must be >= 0"),
+        ("train.small_convs_as_matmul=-1", "train.small_convs_as_matmul: -1 must be >= 0"),
     ],
 )
 def test_bad_values_name_their_key(override, named):

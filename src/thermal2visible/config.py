@@ -136,6 +136,7 @@ class TrainConfig:
     sync_batchnorm: bool = weights()
     channels_last: bool = run_only()
     compile: bool = run_only()
+    small_convs_as_matmul: int = run_only()
     fused_adam: bool = run_only()
     resume: Literal["auto", "never"] = run_only()
     deterministic: bool = run_only()
@@ -313,6 +314,8 @@ def _check(params: Params) -> None:
     for key in ("batch_size", "base_batch_size", "devices", "num_nodes", "max_epochs"):
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key}: must be >= 1, got {getattr(t, key)}")
+    if t.small_convs_as_matmul < 0:
+        raise ConfigError(f"train.small_convs_as_matmul: {t.small_convs_as_matmul} must be >= 0 (0: off)")
     if t.max_minutes < 0:
         raise ConfigError(f"train.max_minutes: {t.max_minutes} must be >= 0 (0: no time limit)")
     if t.min_epochs > t.max_epochs:

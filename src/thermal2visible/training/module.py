@@ -29,6 +29,7 @@ from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.discriminator import MultiScaleDiscriminator
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.networks import GENERATORS
+from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
 
 
@@ -178,7 +179,8 @@ class Pix2Pix(LightningModule):
         thermal, real = self._images(batch)
         snapshot = self._snapshot(opt_d)
         step = self._simultaneous if self.cfg.update_rule == "simultaneous" else self._alternating
-        losses = step(thermal, real, batch, opt_g, opt_d)
+        with small_convs_as_matmul(self.cfg.small_convs_as_matmul):
+            losses = step(thermal, real, batch, opt_g, opt_d)
         if losses is None:
             return self._skip(snapshot, opt_d)
         self.images_seen += len(thermal)
