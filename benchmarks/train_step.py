@@ -296,6 +296,8 @@ def main() -> None:
                     "steps": steps,
                     "flops_per_step": flops,
                     "summary": summary,
+                    # each change's own effect: set against the default step in the same round
+                    "vs_default": summarize(records, baseline="default")["configs"] if "default" in configs else {},
                     "records": records,
                     "profiles": {} if args.no_profile else profiles(args.batch, size, data, batches),
                 }
@@ -311,13 +313,18 @@ def main() -> None:
         "configuration",
         "images/s",
         "vs plain step (median [min-max])",
+        "vs default",
         "GFLOP/s",
         "share of the GEMM peak",
     ]
     table = markdown_table(
         header,
         [
-            [r["size"], r["batch"], name, f["images_per_s"], ratio_text(f), f["gflops_per_s"], share_text(f)]
+            [
+                *(r["size"], r["batch"], name, f["images_per_s"], ratio_text(f)),
+                ratio_text(r["vs_default"][name]) if name in r["vs_default"] else "",
+                *(f["gflops_per_s"], share_text(f)),
+            ]
             for r in results
             for name, f in r["summary"]["configs"].items()
         ],

@@ -118,7 +118,8 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     done = run_benchmark(
         "train_step",
         tmp_path,
-        *("--sizes", "32", "--rounds", "2", "--steps", "1", "--configs", "default", "--no-profile"),
+        *("--sizes", "32", "--rounds", "2", "--steps", "1", "--no-profile"),
+        *("--configs", "default", "default, every convolution oneDNN's"),
         *("--report", "train_step_small"),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -129,9 +130,13 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     ]
     report = json.loads((tmp_path / "reports" / "train_step_small.json").read_text())
     (result,) = report["results"]
-    assert result["summary"]["rounds"] == 2 and len(result["records"]) == 4
+    assert result["summary"]["rounds"] == 2 and len(result["records"]) == 6
+    for figures in (
+        result["summary"]["configs"]["default"],
+        result["vs_default"]["default, every convolution oneDNN's"],
+    ):
+        assert figures["speedup_min"] <= figures["speedup_median"] <= figures["speedup_max"]
     figures = result["summary"]["configs"]["default"]
-    assert figures["speedup_min"] <= figures["speedup_median"] <= figures["speedup_max"]
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
     assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
     assert (tmp_path / "reports" / "train_step_small.png").stat().st_size > 0
