@@ -3,9 +3,10 @@ generator and PatchGAN, 256 px, ngf/ndf 64, batch 4; --size: params.yaml's netwo
 backward under bf16 autocast, timed on its own in interleaved rounds (benchmarks/rounds.py), its GFLOP/s set against
 the bf16 GEMM peak measured in every round.
 
-Each convolution is also run the way a GEMM library would, the same arithmetic summed in another order: a
-transposed one as one matmul of the weights (C_in x C_out*4*4) with the input (C_in x pixels), then col2im
-(`F.fold`) to overlap-add the 4x4 patches; a plain one as im2col (`F.unfold`) and one matmul. Its speed-up over
+Each convolution is also run the way a GEMM library would, the same arithmetic summed in another order, as
+train.small_convs_as_matmul runs the small ones (thermal2visible.models.small_convs): a transposed one as one matmul
+of the weights (C_in x C_out*4*4) with the input (C_in x pixels), then col2im (`F.fold`) to overlap-add the 4x4
+patches; a plain one as im2col (`F.unfold`) and one matmul. Its speed-up over
 oneDNN's convolution is a per-round ratio. So is, in rounds of its own after those, the whole plain step's (bf16
 autocast) with the layers that were faster that way (spread above 1) swapped in, the others left to oneDNN.
 

@@ -82,7 +82,7 @@ CONFIGS = {
     "default + channels_last": dict(channels_last=True),
     "default, plain Adam": dict(fused_adam=False),
     "default, simultaneous update": dict(update_rule="simultaneous"),
-    "default, every convolution oneDNN's": dict(small_convs_as_matmul=0),
+    "default + small convs as matmul": dict(small_convs_as_matmul=4),
     "no optimizations (fp32, NCHW, plain Adam, decoded input)": dict(
         precision="32-true", channels_last=False, fused_adam=False, compile=False, small_convs_as_matmul=0, cached=False
     ),

@@ -119,7 +119,7 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
         "train_step",
         tmp_path,
         *("--sizes", "32", "--rounds", "2", "--steps", "1", "--no-profile"),
-        *("--configs", "default", "default, every convolution oneDNN's"),
+        *("--configs", "default", "default + small convs as matmul"),
         *("--report", "train_step_small"),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -133,7 +133,7 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     assert result["summary"]["rounds"] == 2 and len(result["records"]) == 6
     for figures in (
         result["summary"]["configs"]["default"],
-        result["vs_default"]["default, every convolution oneDNN's"],
+        result["vs_default"]["default + small convs as matmul"],
     ):
         assert figures["speedup_min"] <= figures["speedup_median"] <= figures["speedup_max"]
     figures = result["summary"]["configs"]["default"]
