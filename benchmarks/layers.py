@@ -6,9 +6,9 @@ the bf16 GEMM peak measured in every round.
 Each convolution is also run the way a GEMM library would, the same arithmetic summed in another order, as
 train.small_convs_as_matmul runs the small ones (thermal2visible.models.small_convs): a transposed one as one matmul
 of the weights (C_in x C_out*4*4) with the input (C_in x pixels), then col2im (`F.fold`) to overlap-add the 4x4
-patches; a plain one as im2col (`F.unfold`) and one matmul. Its speed-up over
-oneDNN's convolution is a per-round ratio. So is, in rounds of its own after those, the whole plain step's (bf16
-autocast) with the layers that were faster that way (spread above 1) swapped in, the others left to oneDNN.
+patches; a plain one as im2col (`F.unfold`) and one matmul. Its speed-up over oneDNN's convolution is a per-round
+ratio. So is, in rounds of its own after those, the whole plain step's (bf16 autocast) with the layers that were
+faster that way (spread above 1) swapped in, the others left to oneDNN.
 
     python -m benchmarks.layers [--batch 4] [--size 256] [--rounds 3] [--repeats 5] [--report layers]
 
