@@ -6,13 +6,14 @@ test PSNR each ends with.
 
 All are real `pipelines/train.py` runs on the demo data (this project's data/ingested, preprocessed by
 pipelines/preprocess.py), each in a scratch project, then `pipelines/evaluate.py` on its test split. All stop by the
-same PSNR rule (window/patience scaled down from the paper's 50/50, and a cap on epochs: both stated in the report).
+same PSNR rule, params.yaml's early_stop (scaled down from the paper's 50/50) unless --window/--patience set
+another, and a cap on epochs: both stated in the report.
 The runs are interleaved (benchmarks/rounds.py): each round trains every setup with that round's seed, in rotated
 order; the time to the target counts from the run's start to the MLflow timestamp of the first epoch whose smoothed
 PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.dev.study's.
 
 Writes reports/time_to_quality.json and reports/time_to_quality.png (--report names them otherwise).
-Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window 5] [--patience 8] [--max-epochs 60]
+Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window W] [--patience P] [--max-epochs 60]
        [--variant "train.batch_size=4 train.lr_scaling=sqrt" ...] [--report time_to_quality]
 """
 
@@ -91,11 +92,12 @@ def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
     figure.savefig(path, dpi=110)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the stop rule params.yaml's where --window/--patience leave it out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="seeds; each trains every setup")
-    parser.add_argument("--window", type=int, default=5)
-    parser.add_argument("--patience", type=int, default=8)
+    parser.add_argument("--window", type=int, help="early-stop window (default: params.yaml's)")
+    parser.add_argument("--patience", type=int, help="early-stop patience (default: params.yaml's)")
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--params", type=Path, default=PARAMS)
     parser.add_argument(
@@ -108,7 +110,17 @@ def main() -> None:
         "train.batch_size, train.lr_scaling, ...)",
     )
     add_report_option(parser, "time_to_quality", "{json,png}")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    early_stop = load_params(args.params).early_stop
+    if args.window is None:
+        args.window = early_stop.window
+    if args.patience is None:
+        args.patience = early_stop.patience
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     common = [
         f"early_stop.window={args.window}",
         f"early_stop.patience={args.patience}",

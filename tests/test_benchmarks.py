@@ -11,9 +11,11 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from benchmarks import rounds
 from benchmarks.layers import STEP_MIX, convolutions, step_flops
+from thermal2visible.paths import PARAMS
 
 
 def test_each_round_runs_every_configuration_in_a_rotated_order():
@@ -140,6 +142,23 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
     assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
     assert (tmp_path / "reports" / "train_step_small.png").stat().st_size > 0
+
+
+def test_time_to_quality_stops_by_the_params_rule_unless_told_otherwise(tmp_path):
+    """The benchmark's runs stop as the project's do (params.yaml's early_stop); --window/--patience override it."""
+    from benchmarks.time_to_quality import parse_args
+
+    values = yaml.safe_load(PARAMS.read_text())
+    values["early_stop"] = {
+        "window": values["early_stop"]["window"] + 2,
+        "patience": values["early_stop"]["patience"] + 3,
+    }
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(values))
+    args = parse_args(["--params", str(params)])
+    assert (args.window, args.patience) == (values["early_stop"]["window"], values["early_stop"]["patience"])
+    args = parse_args(["--params", str(params), "--window", "3", "--patience", "8"])
+    assert (args.window, args.patience) == (3, 8)
 
 
 def test_time_to_quality_bars_take_the_colour_of_their_setups_curves(tmp_path):
