@@ -30,6 +30,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook  # noqa: E402
 
 from benchmarks.common import (
@@ -62,6 +63,11 @@ CONFIGS = {
     "2 workers, bucket view, 2 MB buckets": dict(workers=2, gradient_as_bucket_view=True, bucket_cap_mb=2),
     "2 workers, bucket view, bf16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="bf16"),
     "2 workers, bucket view, fp16 compression": dict(workers=2, gradient_as_bucket_view=True, compress="fp16"),
+    # one bucket per network: PowerSGD issues its second all-reduce from the first one's callback, which on gloo
+    # runs on a worker thread, so with several buckets the two ranks can issue them in different orders and hang
+    "2 workers, bucket view, PowerSGD rank 1": dict(
+        workers=2, gradient_as_bucket_view=True, bucket_cap_mb=1000, compress="powersgd"
+    ),
     "2 workers, bucket view, a core each": dict(workers=2, gradient_as_bucket_view=True, pin=True),
 }
 DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)"]
@@ -76,14 +82,25 @@ def bf16_allreduce(state, bucket: dist.GradBucket) -> torch.futures.Future[torch
 
 
 class Compression(Callback):
-    """Registers a gradient-compression hook on G's and D's DDP wrappers once the strategy made them."""
+    """Registers a gradient-compression hook on G's and D's DDP wrappers once the strategy made them.
+
+    PowerSGD (rank 1, error feedback) sends two thin factors per weight matrix instead of the matrix; it starts
+    compressing at its 2nd all-reduce, inside the benchmark's warm-up steps, and each wrapper keeps its own state."""
 
     def __init__(self, kind: str):
-        self.hook = {"bf16": bf16_allreduce, "fp16": fp16_compress_hook}[kind]
+        self.kind = kind
 
     def on_train_start(self, trainer, module) -> None:
         for replica in module.replicas.values():
-            replica.register_comm_hook(state=None, hook=self.hook)
+            if self.kind == "powersgd":
+                state = powerSGD_hook.PowerSGDState(
+                    process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
+                )
+                replica.register_comm_hook(state=state, hook=powerSGD_hook.powerSGD_hook)
+            else:
+                replica.register_comm_hook(
+                    state=None, hook={"bf16": bf16_allreduce, "fp16": fp16_compress_hook}[self.kind]
+                )
 
 
 def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeats: int, out: Path) -> None:
