@@ -223,11 +223,16 @@ def synthetic_cache(root: Path, size: int, pairs: int) -> tuple[Path, Preprocess
         root / "raw",
     )
     index, _ = ingest(root / "raw", "pairs", SHIPPED.ingest)
-    cfg = dataclasses.replace(
-        SHIPPED.preprocess, image_size=size, face_crop=False, val_fraction=0.05, test_fraction=0.05
-    )
+    cfg = synthetic_preprocess(size)
     build_cache(index, cfg, SHIPPED.ingest.max_pixels, root / "cache", on_error="fail")
     return root / "cache", cfg
+
+
+def synthetic_preprocess(size: int) -> PreprocessConfig:
+    """How synthetic_cache preprocesses its frames."""
+    return dataclasses.replace(
+        SHIPPED.preprocess, image_size=size, face_crop=False, val_fraction=0.05, test_fraction=0.05
+    )
 
 
 class BatchClock(Callback):

@@ -52,6 +52,9 @@ from thermal2visible.training.module import Pix2Pix  # noqa: E402
 from thermal2visible.training.precision import resolve_precision  # noqa: E402
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer  # noqa: E402
 
+GLIBC_1 = (
+    "1 worker, glibc's malloc defaults"  # train.keep_freed_memory off: the reference of the configs that turn it off
+)
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
 CONFIGS = {
     "1 worker": dict(workers=1),
@@ -69,6 +72,10 @@ CONFIGS = {
         workers=2, gradient_as_bucket_view=True, bucket_cap_mb=1000, compress="powersgd"
     ),
     "2 workers, bucket view, a core each": dict(workers=2, gradient_as_bucket_view=True, pin=True),
+    GLIBC_1: dict(workers=1, keep_freed_memory=False),
+    "2 workers, bucket view, glibc's malloc defaults": dict(
+        workers=2, gradient_as_bucket_view=True, keep_freed_memory=False
+    ),
 }
 DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)"]
 
@@ -107,6 +114,7 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     """One configuration; rank 0 writes {"step_s": ...} to `out`."""
     config = dict(config)
     workers, compress = config.pop("workers"), config.pop("compress", None)
+    memory = {"keep_freed_memory": config.pop("keep_freed_memory")} if "keep_freed_memory" in config else {}
     if config.pop("pin", False):  # rank 0 runs first and its second rank inherits its core, then takes its own
         os.sched_setaffinity(0, {int(os.environ.get("LOCAL_RANK", 0))})
     train = dataclasses.replace(
@@ -118,6 +126,7 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
         channels_last=True,
         fused_adam=True,
         max_epochs=1,
+        **memory,
     )
     strategy = "auto"
     if workers == 1:
@@ -237,17 +246,23 @@ def main() -> None:
             }
             records[batch] = measure_rounds(calls, args.rounds, label=f"batch {batch}/worker: ")
             results[batch] = summarize(records[batch], baseline="1 worker")
+            if GLIBC_1 in args.configs:
+                results[batch]["vs_1_worker_glibc"] = summarize(records[batch], baseline=GLIBC_1)["configs"]
     rows = []
     for batch, summary in results.items():
         for name, figures in summary["configs"].items():
             figures["images_per_s"] = round(1 / figures["median_s"], 3)
             figures["efficiency"] = round(figures["speedup_median"] / CONFIGS[name]["workers"], 3)
-            rows.append([batch, name, figures["images_per_s"], ratio_text(figures), f"{figures['efficiency']:.0%}"])
-    print(
-        markdown_table(
-            ["batch/worker", "configuration", "images/s", "vs 1 worker (median [min-max])", "efficiency"], rows
-        )
-    )
+            against_glibc = summary.get("vs_1_worker_glibc", {}).get(name)
+            rows.append(
+                [
+                    *(batch, name, figures["images_per_s"], ratio_text(figures)),
+                    ratio_text(against_glibc) if against_glibc else "",
+                    f"{figures['efficiency']:.0%}",
+                ]
+            )
+    header = ["batch/worker", "configuration", "images/s", "vs 1 worker (median [min-max])"]
+    print(markdown_table([*header, f"vs {GLIBC_1}", "efficiency"], rows))
     write_report(
         args.report,
         {

@@ -10,7 +10,10 @@ trains with (precision auto, NCHW, fused Adam, preloaded cache); the others chan
 
 At 256 px the model is the paper's (ngf/ndf 64); at other sizes it is params.yaml's. Achieved GFLOP/s (FLOPs counted
 by FlopCounterMode on one plain step) is set against the GEMM peak of the step's dtype, measured in every round under
-the same load checks (common.GemmPeaks), and both the plain and the default step are profiled. To measure an
+the same load checks (common.GemmPeaks), and both the plain and the default step are profiled. Every measurement and
+profile runs in a fresh child process (`--worker`): the allocator settings a training run makes
+(train.keep_freed_memory) hold for the rest of its process, and the plain step runs with glibc's defaults, as the
+reference code does (its "freed memory kept" variant applies the project's settings to it). To measure an
 AVX2-only CPU on a newer one, start Python with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
 MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
 
@@ -23,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,6 +59,7 @@ from benchmarks.common import (
     profile_summary,
     share_text,
     synthetic_cache,
+    synthetic_preprocess,
     write_report,
 )
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
@@ -67,14 +74,17 @@ from thermal2visible.data.preprocess import prepare_thermal, prepare_visible  # 
 from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers  # noqa: E402
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
 from thermal2visible.pixels import to_model  # noqa: E402
+from thermal2visible.training.allocator import keep_freed_memory  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
 from thermal2visible.training.precision import resolve_precision  # noqa: E402
 from thermal2visible.training.trainer import build_trainer  # noqa: E402
 
 PLAIN = "plain pix2pix step"
-# Changes to the project's default step (params.yaml's train section, preloaded cache).
+PLAIN_KEPT = "plain pix2pix step, freed memory kept"
+# Changes to the project's default step (params.yaml's train section, preloaded cache); None: the plain step.
 CONFIGS = {
     PLAIN: None,
+    PLAIN_KEPT: None,
     "default": {},
     "default + torch.compile": dict(compile=True),
     "default in fp32": dict(precision="32-true"),
@@ -83,6 +93,7 @@ CONFIGS = {
     "default, plain Adam": dict(fused_adam=False),
     "default, simultaneous update": dict(update_rule="simultaneous"),
     "default + small convs as matmul": dict(small_convs_as_matmul=4),
+    "default, glibc's malloc defaults": dict(keep_freed_memory=False),
     "no optimizations (fp32, NCHW, plain Adam, decoded input)": dict(
         precision="32-true", channels_last=False, fused_adam=False, compile=False, small_convs_as_matmul=0, cached=False
     ),
@@ -223,16 +234,44 @@ class Profiled(Callback):
         self.profile.__exit__(None, None, None)
 
 
-def profiles(batch: int, size: int, data: tuple, batches: list) -> dict:
-    """Where two eager steps of the plain and of the default configuration spend their time (after a warm-up)."""
-    plain = PlainPix2Pix(model_for(size), size)
-    plain.step(*batches[0])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        for thermal, visible in batches[1:3]:
-            plain.step(thermal, visible)
+def profile(name: str, batch: int, size: int, data: tuple, batches: list) -> list[dict]:
+    """Where two eager steps of the plain or of the default configuration spend their time (after a warm-up)."""
+    if name == PLAIN:
+        plain = PlainPix2Pix(model_for(size), size)
+        plain.step(*batches[0])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiled:
+            for thermal, visible in batches[1:3]:
+                plain.step(thermal, visible)
+        return profile_summary(profiled)
     profiled = Profiled()
-    fit({}, batch, size, data, 3, [profiled])
-    return {PLAIN: profile_summary(profile), "default": profile_summary(profiled.profile)}
+    fit(CONFIGS[name], batch, size, data, 3, [profiled])
+    return profile_summary(profiled.profile)
+
+
+def measure(job: dict) -> dict:
+    """One measurement (or, with job["profile"], one profile) of one configuration, in the process that runs it."""
+    torch.set_num_threads(job["threads"])
+    name, size, batch = job["config"], job["size"], job["batch"]
+    data = (Path(job["cache"]), synthetic_preprocess(size))
+    batches = memory_batches(data[0], size, batch, job["warmup"] + job["steps"])
+    if name == PLAIN_KEPT:
+        keep_freed_memory()
+    if job["profile"]:
+        return {"profile": profile(name, batch, size, data, batches)}
+    if CONFIGS[name] is None:
+        return {"seconds": plain_step_seconds(size, batches, job["warmup"])}
+    return {"seconds": project_step_seconds(CONFIGS[name], batch, size, data, job["warmup"], job["steps"])}
+
+
+def in_a_child(job: dict, scratch: Path) -> dict:
+    """measure(job) in a fresh Python process."""
+    out = scratch / "measurement.json"
+    out.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "benchmarks.train_step", "--worker", json.dumps(job | {"out": str(out)})]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"{job['config']}: the measurement failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(out.read_text())
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -263,8 +302,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     add_report_option(parser, "train_step", "{json,md,png}")
     args = parser.parse_args()
+    if args.worker:
+        job = json.loads(args.worker)
+        Path(job["out"]).write_text(json.dumps(measure(job)))
+        return
     torch.set_num_threads(args.threads)
     configs = {name: CONFIGS[name] for name in dict.fromkeys([PLAIN, *args.configs])}
     if all(step_dtype(change) == "fp32" for change in configs.values() if change is not None):
@@ -274,16 +318,16 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="t2v-train-step-") as scratch:
         for size in args.sizes:
-            torch.compiler.reset()  # else a second size recompiles with dynamic shapes: a different (slower) program
             steps = timed_steps(args.steps, size)
             pairs = int(args.batch * (args.warmup + steps + 2) / 0.9) + 4
-            data = synthetic_cache(Path(scratch) / str(size), size, pairs)
-            batches = memory_batches(data[0], size, args.batch, args.warmup + steps)
+            cache, _ = synthetic_cache(Path(scratch) / str(size), size, pairs)
+            batches = memory_batches(cache, size, args.batch, args.warmup + steps)
+            job = dict(
+                size=size, batch=args.batch, cache=str(cache), warmup=args.warmup, steps=steps, threads=args.threads
+            )
             measurements = {
-                name: (lambda: plain_step_seconds(size, batches, args.warmup))
-                if change is None
-                else (lambda change=change: project_step_seconds(change, args.batch, size, data, args.warmup, steps))
-                for name, change in configs.items()
+                name: (lambda name=name: in_a_child(job | dict(config=name, profile=False), Path(scratch))["seconds"])
+                for name in configs
             }
             records = measure_rounds(measurements, args.rounds, label=f"{size} px: ", after_each_round=peaks.measure)
             summary = summarize(records, baseline=PLAIN)
@@ -299,7 +343,12 @@ def main() -> None:
                     # each change's own effect: set against the default step in the same round
                     "vs_default": summarize(records, baseline="default")["configs"] if "default" in configs else {},
                     "records": records,
-                    "profiles": {} if args.no_profile else profiles(args.batch, size, data, batches),
+                    "profiles": {}
+                    if args.no_profile
+                    else {
+                        name: in_a_child(job | dict(config=name, profile=True), Path(scratch))["profile"]
+                        for name in (PLAIN, "default")
+                    },
                 }
             )
     for result in results:

@@ -138,6 +138,7 @@ class TrainConfig:
     compile: bool = run_only()
     small_convs_as_matmul: int = run_only()
     fused_adam: bool = run_only()
+    keep_freed_memory: bool = run_only()
     resume: Literal["auto", "never"] = run_only()
     deterministic: bool = run_only()
     max_bad_steps: int = run_only()

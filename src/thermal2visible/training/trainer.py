@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from thermal2visible.config import Params, TrainConfig
 from thermal2visible.errors import ConfigError
+from thermal2visible.training.allocator import keep_freed_memory
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
 
@@ -120,6 +121,8 @@ def build_trainer(
     """A Trainer for `train`, with per-rank random streams kept in its checkpoints (resume.RandomStreams);
     `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
     accelerator = resolve_accelerator(train.accelerator)
+    if train.keep_freed_memory:
+        keep_freed_memory()
     if train.sync_batchnorm and accelerator == "cpu":
         raise ConfigError("train.sync_batchnorm: SyncBatchNorm needs GPUs (torch raises on CPU); set it to false")
     options = dict(
