@@ -14,7 +14,8 @@ faster that way (spread above 1) swapped in, the others left to oneDNN.
 
 Writes reports/layers.json and reports/layers.md (--report names them otherwise). The table's last two rows add
 the layers up: once each, and as the plain step runs them (STEP_MIX), the rate its convolutions reach with nothing
-else in the step, to set beside benchmarks.train_step's figure for the whole step.
+else in the step, to set beside benchmarks.train_step's figure for the whole step. As a training process does, it
+keeps freed memory for reuse when params.yaml's train.keep_freed_memory says so.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks.common import (
     PAPER_SIZE,
     REPORTS,
+    SHIPPED,
     GemmPeaks,
     add_report_option,
     machine_text,
@@ -40,6 +42,7 @@ from benchmarks.common import (
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
 from benchmarks.train_step import PlainPix2Pix, model_for
 from thermal2visible.models.small_convs import conv2d_as_matmul, conv_transpose2d_as_matmul
+from thermal2visible.training.allocator import keep_freed_memory
 
 
 def as_gemm(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
@@ -139,6 +142,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     add_report_option(parser, "layers", "{json,md}")
     args = parser.parse_args()
+    if SHIPPED.train.keep_freed_memory:
+        keep_freed_memory()
     torch.manual_seed(0)
     layers = convolutions(args.batch, args.size)
     measurements = {}
