@@ -52,9 +52,15 @@ from thermal2visible.training.module import Pix2Pix  # noqa: E402
 from thermal2visible.training.precision import resolve_precision  # noqa: E402
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer  # noqa: E402
 
-GLIBC_1 = (
-    "1 worker, glibc's malloc defaults"  # train.keep_freed_memory off: the reference of the configs that turn it off
-)
+# What runs on the other core beside one worker, to tell what slows two workers' compute (the scaling model's c):
+# a Python loop that touches no memory, or numpy copying 256 MB over and over (memory bandwidth and the shared L3).
+NEIGHBOURS = {
+    "spin": "while True: pass",
+    "copy": "import numpy as np\nsource = np.ones(2**25)\ntarget = np.empty_like(source)\n"
+    "while True: np.copyto(target, source)",
+}
+# train.keep_freed_memory off: the reference of the configs that turn it off
+GLIBC_1 = "1 worker, glibc's malloc defaults"
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
 CONFIGS = {
     "1 worker": dict(workers=1),
@@ -72,6 +78,8 @@ CONFIGS = {
         workers=2, gradient_as_bucket_view=True, bucket_cap_mb=1000, compress="powersgd"
     ),
     "2 workers, bucket view, a core each": dict(workers=2, gradient_as_bucket_view=True, pin=True),
+    "1 worker, the other core spinning": dict(workers=1, neighbour="spin"),
+    "1 worker, the other core copying memory": dict(workers=1, neighbour="copy"),
     GLIBC_1: dict(workers=1, keep_freed_memory=False),
     "2 workers, bucket view, glibc's malloc defaults": dict(
         workers=2, gradient_as_bucket_view=True, keep_freed_memory=False
@@ -113,7 +121,7 @@ class Compression(Callback):
 def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeats: int, out: Path) -> None:
     """One configuration; rank 0 writes {"step_s": ...} to `out`."""
     config = dict(config)
-    workers, compress = config.pop("workers"), config.pop("compress", None)
+    workers, compress, neighbour = config.pop("workers"), config.pop("compress", None), config.pop("neighbour", None)
     memory = {"keep_freed_memory": config.pop("keep_freed_memory")} if "keep_freed_memory" in config else {}
     if config.pop("pin", False):  # rank 0 runs first and its second rank inherits its core, then takes its own
         os.sched_setaffinity(0, {int(os.environ.get("LOCAL_RANK", 0))})
@@ -140,7 +148,15 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     trainer = build_trainer(
         train, callbacks=callbacks, strategy=strategy, limit_train_batches=warmup + repeats, limit_val_batches=0
     )
-    trainer.fit(module, datamodule=PairedDataModule(cache, batch, dataclasses.replace(SHIPPED.loader, preload=True)))
+    busy = subprocess.Popen([sys.executable, "-c", NEIGHBOURS[neighbour]]) if neighbour else None
+    try:
+        trainer.fit(
+            module, datamodule=PairedDataModule(cache, batch, dataclasses.replace(SHIPPED.loader, preload=True))
+        )
+    finally:
+        if busy:
+            busy.kill()
+            busy.wait()
     if trainer.is_global_zero:
         out.write_text(json.dumps({"step_s": clock.step_seconds(warmup), "threads": torch.get_num_threads()}))
 
