@@ -65,7 +65,15 @@ ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTI
 def machine() -> dict:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     limits = {name: os.environ[name] for name in ISA_LIMITS if name in os.environ}
-    widest = "AVX512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+    widest = (
+        "AMX-BF16"
+        if "amx_bf16" in flags
+        else "AVX512-BF16"
+        if "avx512_bf16" in flags
+        else "AVX-512"
+        if "avx512f" in flags
+        else "AVX2"
+    )
     return {
         "cpu": cpu_model(),
         "cores": len(os.sched_getaffinity(0)),

@@ -26,6 +26,8 @@ def test_override_is_parsed_as_yaml():
     params = load_params(REPO_PARAMS, ["train.batch_size=64", "preprocess.percentiles=[2, 98]"])
     assert params.train.batch_size == 64
     assert params.preprocess.percentiles == (2.0, 98.0)
+    for value, read in [("auto", "auto"), ("true", True), ("false", False)]:  # a word or a bool
+        assert load_params(REPO_PARAMS, [f"train.channels_last={value}"]).train.channels_last == read
 
 
 @pytest.mark.parametrize(
@@ -35,7 +37,7 @@ def test_override_is_parsed_as_yaml():
         ("trian.batch_size=4", "trian: unknown section"),
         ("train.precision=16", "train.precision"),
         ("train.batch_size=two", "train.batch_size: expected an integer"),
-        ("train.channels_last=1", "train.channels_last: expected true or false"),
+        ("train.channels_last=1", "train.channels_last: expected auto or true or false, got 1"),
         ("preprocess.image_size=100", "preprocess.image_size"),
         ("preprocess.percentiles=[99, 1]", "preprocess.percentiles"),
         ("preprocess.val_fraction=0.9", "preprocess.val_fraction"),

@@ -172,6 +172,44 @@ def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch, capsys):
     assert build_trainer(tiny_train(precision="16-mixed")).precision == resolve_precision("auto", "cpu")
 
 
+@pytest.mark.parametrize(
+    "features, in_use, device, precision, channels_last",
+    [
+        ({"avx512_bf16": True, "amx_bf16": True}, "AVX512", "cpu", "bf16-mixed", True),  # AMX: its kernels are NHWC
+        ({"avx512_bf16": True, "amx_bf16": True}, "AVX512", "cpu", "32-true", False),
+        ({"avx512_bf16": True, "amx_bf16": True}, "AVX2", "cpu", "bf16-mixed", False),  # ATEN_CPU_CAPABILITY=avx2
+        ({"avx512_bf16": True, "amx_bf16": True}, "AVX512", "cuda", "bf16-mixed", False),
+        ({"avx512_bf16": True}, "AVX512", "cpu", "bf16-mixed", False),  # Zen 4/5: NCHW as fast or faster
+        ({"avx2": True}, "AVX2", "cpu", "32-true", False),
+    ],
+)
+def test_channels_last_auto_only_where_amx_runs_bf16(features, in_use, device, precision, channels_last, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: features)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: in_use)
+    assert precision_module.resolve_channels_last("auto", device, precision) is channels_last
+    assert precision_module.resolve_channels_last(True, device, precision) is True  # by name: kept
+    assert precision_module.resolve_channels_last(False, device, precision) is False
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_a_run_with_channels_last_auto_trains_in_the_layout_auto_picks(amx, monkeypatch):
+    """The layout is chosen once the trainer knows device and precision, before the optimizers and DDP exist."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": amx})
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    train = tiny_train(precision="bf16-mixed", channels_last="auto")
+    module = Pix2Pix(TINY_MODEL, train, SIZE, 1, 3)
+    before = weights(module)
+    trainer = build_trainer(train)
+    trainer.fit(module, train_dataloaders=loader())
+    layout = torch.channels_last if amx else torch.contiguous_format
+    kernels = [weight for weight in module.parameters() if weight.dim() == 4]
+    assert kernels and all(weight.is_contiguous(memory_format=layout) for weight in kernels)
+    stepped = [name for name, value in weights(module).items() if not torch.equal(value, before[name])]
+    assert any(name.startswith("generator") for name in stepped) and any(
+        name.startswith("discriminator") for name in stepped
+    )
+
+
 def test_trainer_settings_from_params():
     build_trainer(tiny_train(deterministic=True))
     assert torch.are_deterministic_algorithms_enabled()  # train.deterministic: a GPU rerun gives the same weights

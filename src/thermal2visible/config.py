@@ -134,7 +134,7 @@ class TrainConfig:
     num_nodes: int = weights()
     strategy: str = run_only()
     sync_batchnorm: bool = weights()
-    channels_last: bool = run_only()
+    channels_last: Literal["auto"] | bool = run_only()
     compile: bool = run_only()
     small_convs_as_matmul: int = run_only()
     fused_adam: bool = run_only()
@@ -237,7 +237,7 @@ def stored_section(section: str, settings: dict):
     except ValidationError as error:
         missing = "written before this key existed; run the stage that wrote the file again"
         raise ConfigError(
-            "\n".join(f"stored {_reason(problem, (section,), missing)}" for problem in error.errors())
+            "\n".join(dict.fromkeys(f"stored {_reason(problem, (section,), missing)}" for problem in error.errors()))
         ) from None
 
 
@@ -258,6 +258,8 @@ def _reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAM
     """One pydantic error -> `section.key: why`, in the words a params.yaml reader expects; `missing` says why a key
     that is absent should be there."""
     location = within + tuple(part for part in problem["loc"] if isinstance(part, str))
+    if _annotation(location[:-1]) is not None and typing.get_origin(_annotation(location[:-1])) is typing.Union:
+        location = location[:-1]  # pydantic names the member of a union that failed: the key is what a reader needs
     inside_a_list = any(isinstance(part, int) for part in problem["loc"])
     where, value, kind = ".".join(location), problem["input"], problem["type"]
     annotation = _annotation(location)
@@ -271,6 +273,9 @@ def _reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAM
         return f"{where}: missing ({missing})"
     if typing.get_origin(annotation) is tuple:
         return f"{where}: expected a list of {len(typing.get_args(annotation))} numbers, got {value!r}"
+    if typing.get_origin(annotation) is typing.Union:
+        members = typing.get_args(annotation)
+        return f"{where}: expected {' or '.join(_words(member) for member in members)}, got {value!r}"
     if kind == "literal_error":
         return f"{where}: {value!r} is not one of {list(typing.get_args(annotation))}"
     expected = {
@@ -280,6 +285,13 @@ def _reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAM
         "string_type": "a string",
     }.get(kind)
     return f"{where}: expected {expected}, got {value!r}" if expected else f"{where}: {problem['msg']}"
+
+
+def _words(annotation: object) -> str:
+    """A member of a union in a params.yaml reader's words."""
+    if annotation is bool:
+        return "true or false"
+    return " or ".join(str(choice) for choice in typing.get_args(annotation))
 
 
 def _check(params: Params) -> None:
@@ -399,7 +411,7 @@ def load_params(path: str | Path = PARAMS, overrides: typing.Sequence[str] = ())
     try:  # YAML's values, read by JSON's rules (dates and other YAML-only values become strings)
         params = TypeAdapter(Params).validate_json(json.dumps(raw, default=str))
     except ValidationError as error:
-        raise ConfigError("\n".join(_reason(problem) for problem in error.errors())) from None
+        raise ConfigError("\n".join(dict.fromkeys(_reason(problem) for problem in error.errors()))) from None
     _check(params)
     return params
 

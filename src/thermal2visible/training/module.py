@@ -31,6 +31,7 @@ from thermal2visible.models.generator import as_tested
 from thermal2visible.models.networks import GENERATORS
 from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
+from thermal2visible.training.precision import resolve_channels_last
 
 
 class TrainingDiverged(PipelineError):
@@ -95,11 +96,18 @@ class Pix2Pix(LightningModule):
         # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
         # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
         self.replicas: dict[str, nn.Module] = {}
-        if train.channels_last:
-            self.to(memory_format=torch.channels_last)
+        self.layout = torch.contiguous_format
         if train.compile:
             self.generator.compile()
             self.discriminator.compile()
+
+    def setup(self, stage: str) -> None:
+        # `auto` depends on the device and the resolved precision, which the trainer knows; optimizers and DDP wrappers
+        # are made after this hook, so they see the weights in their final layout.
+        device, precision = self.trainer.strategy.root_device.type, self.trainer.precision
+        if resolve_channels_last(self.cfg.channels_last, device, precision):
+            self.layout = torch.channels_last
+            self.to(memory_format=self.layout)
 
     def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Give G and D a DDP wrapper each, so each backward all-reduces the gradients of its own network only."""
@@ -112,8 +120,10 @@ class Pix2Pix(LightningModule):
         return self
 
     def _images(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        layout = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
-        return (batch["thermal"].contiguous(memory_format=layout), batch["visible"].contiguous(memory_format=layout))
+        return (
+            batch["thermal"].contiguous(memory_format=self.layout),
+            batch["visible"].contiguous(memory_format=self.layout),
+        )
 
     def _undoable(self, opt_d) -> list[torch.Tensor]:
         """What a step may change before it knows it is finite: batch-norm statistics, and under the alternating rule

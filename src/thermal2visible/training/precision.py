@@ -1,5 +1,5 @@
-"""Which device and precision a run takes: `auto` resolved on this machine. The resolved precision, not the word
-`auto`, defines a run's weights (resume.run_fingerprint), so one module owns the resolution."""
+"""Which device, precision and memory layout a run takes: `auto` resolved on this machine. The resolved precision,
+not the word `auto`, defines a run's weights (resume.run_fingerprint), so one module owns the resolution."""
 
 from __future__ import annotations
 
@@ -25,13 +25,17 @@ AVX512_BF16 = ("avx512_bf16", "amx_bf16")
 OTHER_BF16 = ("avx_ne_convert", "bf16", "sve_bf16")
 
 
+def avx512_features() -> tuple[str, ...]:
+    """The AVX-512-era features ATen can reach: none under ATEN_CPU_CAPABILITY=avx2 (the benchmarks' stand-in for an
+    AVX2-only CPU)."""
+    return AVX512_BF16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else ()
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes in bf16. Elsewhere bf16 autocast is emulated through fp32 conversions: measured 10x
-    slower than fp32 on an AVX2-only EPYC. Under ATEN_CPU_CAPABILITY=avx2 (the benchmarks' stand-in for an AVX2-only
-    CPU) the AVX-512 features do not count."""
+    slower than fp32 on an AVX2-only EPYC."""
     capabilities = torch.cpu.get_capabilities()
-    features = OTHER_BF16 + (AVX512_BF16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else ())
-    return any(capabilities.get(feature, False) for feature in features)
+    return any(capabilities.get(feature, False) for feature in OTHER_BF16 + avx512_features())
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:
@@ -49,3 +53,15 @@ def resolve_precision(precision: str, accelerator: str) -> str:
             "slower than 32-true (train.precision: auto picks the faster)"
         )
     return cpu_mixed if precision == "auto" else precision
+
+
+def resolve_channels_last(channels_last: bool | str, device: str, precision: str) -> bool:
+    """Whether a run keeps weights and activations channels-last; `precision` is the resolved one. `auto`: only for
+    bf16-mixed on a CPU with AMX-BF16, where oneDNN's AMX convolutions take channels-last activations and NCHW pays a
+    reorder around every convolution (the step measured x1.08 faster at 256 px and x1.16 at 64 px there). Elsewhere
+    NCHW: on AVX512-BF16 without AMX and in fp32 it was as fast or faster (README "Performance"), and on GPUs,
+    unmeasured here, `auto` keeps the NCHW it always had (params/paper_gpu.yaml asks for true)."""
+    if channels_last != "auto":
+        return channels_last
+    amx = "amx_bf16" in avx512_features() and torch.cpu.get_capabilities().get("amx_bf16", False)
+    return device == "cpu" and precision == "bf16-mixed" and amx
