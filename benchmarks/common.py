@@ -60,20 +60,14 @@ def cpu_model() -> str:
 # Setting these before Python starts makes a CPU with AVX-512/bf16 compute like an AVX2-only one (CI's other kind):
 # oneDNN (convolutions), ATen's vectorized kernels and MKL all stop at AVX2. The micro-architecture stays.
 ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+# /proc/cpuinfo flags and the name a report gives the widest one present; AVX2 where none is.
+WIDEST_FIRST = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"))
 
 
 def machine() -> dict:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     limits = {name: os.environ[name] for name in ISA_LIMITS if name in os.environ}
-    widest = (
-        "AMX-BF16"
-        if "amx_bf16" in flags
-        else "AVX512-BF16"
-        if "avx512_bf16" in flags
-        else "AVX-512"
-        if "avx512f" in flags
-        else "AVX2"
-    )
+    widest = next((name for flag, name in WIDEST_FIRST if flag in flags), "AVX2")
     return {
         "cpu": cpu_model(),
         "cores": len(os.sched_getaffinity(0)),

@@ -90,7 +90,6 @@ CONFIGS = {
     "default in fp32": dict(precision="32-true"),
     "default in fp32 + torch.compile": dict(precision="32-true", compile=True),
     "default + channels_last": dict(channels_last=True),
-    "default in NCHW": dict(channels_last=False),
     "default, plain Adam": dict(fused_adam=False),
     "default, simultaneous update": dict(update_rule="simultaneous"),
     "default + small convs as matmul": dict(small_convs_as_matmul=4),

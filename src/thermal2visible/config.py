@@ -258,7 +258,7 @@ def _reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAM
     """One pydantic error -> `section.key: why`, in the words a params.yaml reader expects; `missing` says why a key
     that is absent should be there."""
     location = within + tuple(part for part in problem["loc"] if isinstance(part, str))
-    if _annotation(location[:-1]) is not None and typing.get_origin(_annotation(location[:-1])) is typing.Union:
+    if typing.get_origin(_annotation(location[:-1])) is typing.Union:
         location = location[:-1]  # pydantic names the member of a union that failed: the key is what a reader needs
     inside_a_list = any(isinstance(part, int) for part in problem["loc"])
     where, value, kind = ".".join(location), problem["input"], problem["type"]
