@@ -1,11 +1,11 @@
 """Data-parallel scaling on this CPU: 1 vs 2 worker processes (1 thread each, gloo), same per-worker batch.
 
 Every configuration is a fresh `python -m benchmarks.ddp_scaling --worker ...` process that trains the project's
-Pix2Pix (paper model, default precision: bf16-mixed where the CPU has bf16 instructions, channels_last, fused Adam,
-preloaded cache) under a real Trainer: 1 worker without DDP, 2 workers under the project's GanDDPStrategy
-(Lightning's launcher starts the second rank by running the same command line again), with DDP's bucket settings
-and gradient compression varied. DDP refuses the stock
-bf16 compression hook on CPU by its name, so the bf16 hook here is the project's own, doing the same thing.
+Pix2Pix (paper model, params.yaml's training settings: precision auto, its layout, fused Adam; preloaded cache)
+under a real Trainer: 1 worker without DDP, 2 workers under the project's GanDDPStrategy (Lightning's launcher
+starts the second rank by running the same command line again), with DDP's bucket settings and gradient compression
+varied. DDP refuses the stock bf16 compression hook on CPU by its name, so the bf16 hook here is the project's own,
+doing the same thing.
 The configurations run in interleaved rounds (benchmarks/rounds.py); the figure compared is seconds per image.
 
 Writes reports/ddp_scaling.json and reports/ddp_scaling.png (--report names them otherwise).
@@ -49,7 +49,7 @@ from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summari
 from thermal2visible.dev.servers import free_port  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
-from thermal2visible.training.precision import resolve_precision  # noqa: E402
+from thermal2visible.training.precision import resolve_channels_last, resolve_precision  # noqa: E402
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer  # noqa: E402
 
 # What runs on the other core beside one worker, to tell what slows two workers' compute (the scaling model's c):
@@ -130,9 +130,6 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
         batch_size=batch * workers,
         devices=workers,
         accelerator="cpu",
-        precision="auto",
-        channels_last=True,
-        fused_adam=True,
         max_epochs=1,
         **memory,
     )
@@ -240,9 +237,9 @@ def main() -> None:
         return
     if "1 worker" not in args.configs:
         parser.error("--configs must include '1 worker' (the reference)")
-    print(
-        f"{machine_text()}; {args.size} px, {resolve_precision('auto', 'cpu')} + channels_last + fused Adam", flush=True
-    )
+    precision = resolve_precision(SHIPPED.train.precision, "cpu")
+    layout = "channels-last" if resolve_channels_last(SHIPPED.train.channels_last, "cpu", precision) else "NCHW"
+    print(f"{machine_text()}; {args.size} px, {precision}, {layout}, fused Adam {SHIPPED.train.fused_adam}", flush=True)
     results, records = {}, {}
     with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
         pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16
