@@ -42,9 +42,13 @@ OPTIONS = {
 }
 
 
-def clean_env() -> dict[str, str]:
-    """The test's own MLflow store, never a team server from the environment."""
-    return {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+def run_python(*args: str, cwd: Path = REPO, timeout: int = 240) -> str:
+    """Runs `python *args` with the test's own MLflow store (never a team server from the environment) and returns
+    its output; a failed run fails the test, showing that output."""
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
 
 
 class UnshuffledShards(LightningDataModule):
@@ -96,15 +100,7 @@ def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_pa
     weights = {}
     for devices in (1, 2):
         out = tmp_path / f"devices{devices}.pt"
-        result = subprocess.run(
-            [sys.executable, __file__, str(devices), str(out), options],
-            cwd=REPO,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
+        run_python(__file__, str(devices), str(out), options)
         weights[devices] = torch.load(out, weights_only=True)
     torch.manual_seed(0)
     initial = Pix2Pix(OPTIONS[options][0], shipped("train", batch_size=GLOBAL_BATCH), SIZE, 1, 3).state_dict()
@@ -187,15 +183,7 @@ def train_ranks(cache: Path, out: Path) -> None:
 
 def test_ranks_draw_their_own_crops_in_lock_step_and_validate_each_image_once(tmp_path, tiny_cache):
     cache = one_face_cache(tiny_cache, tmp_path / "cache", val_images=5)
-    result = subprocess.run(
-        [sys.executable, __file__, "ranks", str(cache), str(tmp_path)],
-        cwd=REPO,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    run_python(__file__, "ranks", str(cache), str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert len(ranks[0]["crops"]) == 4 and all(  # 2 steps x 2 epochs, each rank its own crops at every step
         a != b for a, b in zip(ranks[0]["crops"], ranks[1]["crops"])
@@ -214,16 +202,7 @@ def test_two_process_training_run_logs_one_mlflow_run(tmp_path, tiny_cache, writ
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(tiny_cache)
     write_params(tmp_path, "train.devices=2", "train.max_epochs=2", "early_stop.window=1", "early_stop.patience=5")
-    result = subprocess.run(
-        [sys.executable, str(REPO / "pipelines" / "train.py")],
-        cwd=tmp_path,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    output = result.stdout + result.stderr
+    output = run_python(str(REPO / "pipelines" / "train.py"), cwd=tmp_path, timeout=280)
     assert "Starting with 2 processes" in output
     digests = re.findall(r"rank (\d) of 2 stopped at epoch 2; generator weights (\w+)", output)
     assert len(digests) == 2 and digests[0][1] == digests[1][1]  # in lock-step
