@@ -13,6 +13,9 @@ import yaml
 
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DVC_NO_ANALYTICS"] = "1"
+# The tests' child processes track in their working folder's own store, never in a team server that the shell
+# running the tests points at.
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 from thermal2visible.config import Params, apply_override, load_params, preset_overrides  # noqa: E402 (env set)
 

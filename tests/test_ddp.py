@@ -6,7 +6,6 @@ file run as a script (`python tests/test_ddp.py DEVICES OUT`), and the pipeline 
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -43,10 +42,8 @@ OPTIONS = {
 
 
 def run_python(*args: str, cwd: Path = REPO, timeout: int = 240) -> str:
-    """Runs `python *args` with the test's own MLflow store (never a team server from the environment) and returns
-    its output; a failed run fails the test, showing that output."""
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
-    result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    """Runs `python *args` and returns its output; a failed run fails the test, showing that output."""
+    result = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
 

@@ -151,10 +151,7 @@ def assert_consistent_on_disk(project: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_run(
-    tmp_path, tiny_cache, write_params, monkeypatch
-):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_run(tmp_path, tiny_cache, write_params):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(tiny_cache)
     write_params(
@@ -231,8 +228,7 @@ def tiny_project(root: Path, tiny_cache: Path, write_params, *overrides: str) ->
 
 
 @pytest.mark.timeout(300)
-def test_unreadable_last_checkpoint_gives_a_notice_and_a_fresh_start(tmp_path, tiny_cache, write_params, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+def test_unreadable_last_checkpoint_gives_a_notice_and_a_fresh_start(tmp_path, tiny_cache, write_params):
     project = tiny_project(tmp_path, tiny_cache, write_params, "early_stop.window=1")
     (project / "checkpoints").mkdir()
     (project / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04" + bytes(100))  # a zip cut short
@@ -245,10 +241,9 @@ def test_unreadable_last_checkpoint_gives_a_notice_and_a_fresh_start(tmp_path, t
 
 
 @pytest.mark.timeout(300)
-def test_diverging_training_stops_clearly_and_publishes_nothing(tmp_path, tiny_cache, write_params, monkeypatch):
+def test_diverging_training_stops_clearly_and_publishes_nothing(tmp_path, tiny_cache, write_params):
     """A learning rate of 1e30 makes every loss non-finite after the first step: the run must stop after
     train.max_bad_steps skipped steps, leaving the published model and the registry as they were."""
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     project = tiny_project(
         tmp_path,
         tiny_cache,

@@ -43,7 +43,7 @@ def test_two_nodes_train_one_run_with_equal_weights_and_one_stop_decision(tmp_pa
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(tiny_cache)
     write_params(tmp_path, "train.max_epochs=4", "early_stop.window=1", "early_stop.patience=1")
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    env = dict(os.environ)
     env |= {
         "NNODES": "2",
         "NPROC_PER_NODE": "1",

@@ -4,7 +4,6 @@ Each case is a real cache made by the data stages from the tiny set (with the sp
 run impossible) and a real `pipelines/train.py` run on it.
 """
 
-import os
 import shutil
 import subprocess
 import sys
@@ -80,12 +79,10 @@ def test_refused_before_the_first_epoch_naming_the_key(tmp_path, caches, write_p
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(caches[cache])
     write_params(tmp_path, "train.max_epochs=50", "early_stop.window=1")
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     sets = [arg for override in overrides for arg in ("--set", override)]
     result = subprocess.run(
         [sys.executable, str(REPO / "pipelines" / "train.py"), *sets],
         cwd=tmp_path,
-        env=env,
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,6 +1,5 @@
 """pipelines/study.py end to end on tiny data: real child training runs, one MLflow parent, a markdown table."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,6 @@ def test_quick_batch_study_logs_children_under_one_parent_and_writes_the_table(
         (tmp_path / folder).symlink_to(REPO / folder)
     for stage in ("synthesize.py", "ingest.py"):
         assert run_stage_script(stage, tmp_path).returncode == 0
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     overrides = [arg for override in TINY_STUDY for arg in ("--set", override)]
     result = subprocess.run(
         [
@@ -44,7 +42,6 @@ def test_quick_batch_study_logs_children_under_one_parent_and_writes_the_table(
             *overrides,
         ],
         cwd=tmp_path,
-        env=env,
         capture_output=True,
         text=True,
         timeout=170,
@@ -78,7 +75,6 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
         (tmp_path / folder).symlink_to(REPO / folder)
     for stage in ("synthesize.py", "ingest.py"):
         assert run_stage_script(stage, tmp_path).returncode == 0
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     tiny = (
         "preprocess.image_size=32",
         "model.ngf=4",
@@ -101,7 +97,6 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
             *overrides,
         ],
         cwd=tmp_path,
-        env=env,
         capture_output=True,
         text=True,
         timeout=390,

@@ -17,7 +17,7 @@ STAGES = ("synthesize", "ingest", "preprocess", "train_recognizer", "train", "ev
 
 
 def run(repo: Path, *command: str) -> str:
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # stages run `python` from PATH
     result = subprocess.run(command, cwd=repo, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, f"{command} failed:\n{result.stdout}\n{result.stderr}"

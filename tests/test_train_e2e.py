@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +26,9 @@ TINY_TRAINING = (
 
 
 def run(script: str, project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     return subprocess.run(
         [sys.executable, str(REPO / "pipelines" / script), *args],
         cwd=project,
-        env=env,
         capture_output=True,
         text=True,
         timeout=280,

@@ -25,11 +25,9 @@ EPOCHS = 40  # tiny epochs take ~0.1 s: enough of them that each interruption la
 
 def start(project: Path, *args: str) -> subprocess.Popen:
     """train.py in its own session: a SIGKILL of its process group reaches every DDP rank, as a node failure would."""
-    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     return subprocess.Popen(
         [sys.executable, str(REPO / "pipelines" / "train.py"), *args],
         cwd=project,
-        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
