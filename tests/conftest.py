@@ -45,11 +45,10 @@ def tiny_params(tmp_path) -> Params:
     return load_params(_write_params(tmp_path))
 
 
-def run_script(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def run_script(script: str, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run pipelines/<script> from `cwd` as DVC would; output captured as text."""
-    return subprocess.run(
-        [sys.executable, str(REPO / "pipelines" / script), *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    command = [sys.executable, str(REPO / "pipelines" / script), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -43,13 +43,12 @@ def test_two_nodes_train_one_run_with_equal_weights_and_one_stop_decision(tmp_pa
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(tiny_cache)
     write_params(tmp_path, "train.max_epochs=4", "early_stop.window=1", "early_stop.patience=1")
-    env = dict(os.environ)
-    env |= {
+    env = os.environ | {
         "NNODES": "2",
         "NPROC_PER_NODE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }  # this venv's torchrun
     nodes = [
         subprocess.Popen(

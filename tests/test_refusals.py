@@ -5,13 +5,11 @@ run impossible) and a real `pipelines/train.py` run on it.
 """
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import _write_params
+from conftest import _write_params, run_script
 
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import build_cache
@@ -20,7 +18,6 @@ from thermal2visible.errors import ConfigError
 from thermal2visible.training.precision import resolve_accelerator
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 
 
 def unlabelled_raw(raw: Path, folder: Path) -> Path:
@@ -80,13 +77,7 @@ def test_refused_before_the_first_epoch_naming_the_key(tmp_path, caches, write_p
     (tmp_path / "data" / "cache").symlink_to(caches[cache])
     write_params(tmp_path, "train.max_epochs=50", "early_stop.window=1")
     sets = [arg for override in overrides for arg in ("--set", override)]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "pipelines" / "train.py"), *sets],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = run_script("train.py", tmp_path, *sets, timeout=240)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "mlflow.db").exists()  # nothing trained
 

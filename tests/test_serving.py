@@ -22,6 +22,7 @@ import yaml
 from mlflow.exceptions import MlflowException
 from PIL import Image
 from thermal2visible.dev.servers import free_port, mlflow_server, model_server, quiet_env, running
+from conftest import run_script
 from tiny_model import export_tiny
 
 from thermal2visible.data.images import read_image
@@ -324,13 +325,7 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
         project, "model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10", "early_stop.window=1"
     )
     for stage in ("train.py", "export.py"):
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "pipelines" / stage)],
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        done = run_script(stage, project)
         assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
     with pyfunc_arguments(project / "models" / "generator.onnx", MAX_PIXELS, MAX_MODEL_PIXELS) as arguments:

@@ -17,8 +17,8 @@ STAGES = ("synthesize", "ingest", "preprocess", "train_recognizer", "train", "ev
 
 
 def run(repo: Path, *command: str) -> str:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # stages run `python` from PATH
+    # stages run `python` from PATH
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(command, cwd=repo, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, f"{command} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr

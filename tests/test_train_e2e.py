@@ -3,15 +3,14 @@
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 
 from thermal2visible.models.payloads import load_generator
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 # Reliable on the tiny set in seconds: L1 dominates (the GAN term only sharpens), small batches give many steps.
 TINY_TRAINING = (
     "train.max_epochs=80",
@@ -26,13 +25,7 @@ TINY_TRAINING = (
 
 
 def run(script: str, project: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "pipelines" / script), *args],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    return run_script(script, project, *args, timeout=280)
 
 
 @pytest.fixture
