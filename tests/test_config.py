@@ -48,6 +48,7 @@ def test_override_is_parsed_as_yaml():
         ("model.discriminator_scales=4", "model.discriminator_scales: 4 is not one of"),
         ("train.lambda_feat=-1", "train.lambda_feat: -1.0 must be >= 0"),
         ("train.small_convs_as_matmul=-1", "train.small_convs_as_matmul: -1 must be >= 0"),
+        ("model.dropout=1", "model.dropout: 1.0 must be in [0, 1"),
     ],
 )
 def test_bad_values_name_their_key(override, named):

@@ -313,6 +313,8 @@ def _check(params: Params) -> None:
             f"(preprocess.image_size) leave the coarsest at {size >> (m.discriminator_scales - 1)} px, "
             "under the 16 px a PatchGAN needs"
         )
+    if not 0 <= m.dropout < 1:
+        raise ConfigError(f"model.dropout: {m.dropout} must be in [0, 1) (1 would drop every activation)")
     p = params.preprocess
     if not 0 <= p.val_fraction < 1 or not 0 <= p.test_fraction < 1 or p.val_fraction + p.test_fraction >= 1:
         raise ConfigError("preprocess.val_fraction/test_fraction: each in [0, 1) and their sum < 1")

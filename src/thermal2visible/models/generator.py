@@ -28,6 +28,19 @@ def make_norm(kind: str, channels: int) -> nn.Module:
     raise ValueError(f"norm {kind!r} is not one of batch, instance, none")
 
 
+class LayoutIndependentDropout(nn.Dropout):
+    """nn.Dropout with its mask drawn in the tensor's logical (N, C, H, W) order. nn.Dropout draws it in memory
+    order, so the same seed drops other activations of a channels-last tensor than of an NCHW one, and
+    train.channels_last would change a run's random stream, not only its speed. For NCHW input the draws are
+    nn.Dropout's, bit for bit."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.empty(x.shape, dtype=x.dtype, device=x.device).bernoulli_(1 - self.p)
+        return x * keep.div_(1 - self.p)  # x first: the product keeps x's memory layout
+
+
 def init_weights(model: nn.Module) -> None:
     """pix2pix initialisation: weights N(0, 0.02), batch-norm scales N(1, 0.02), biases 0."""
     for layer in model.modules():
@@ -116,7 +129,7 @@ class UNetGenerator(nn.Module):
                 make_norm(norm, width[level - 1]),
             ]
             if level >= levels - DROPOUT_LEVELS and dropout > 0:
-                blocks.append(nn.Dropout(dropout))
+                blocks.append(LayoutIndependentDropout(dropout))
             self.decoder.append(nn.Sequential(*blocks))
         init_weights(self)
 

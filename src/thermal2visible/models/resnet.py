@@ -17,7 +17,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from thermal2visible.models.generator import generator_config, init_weights, make_norm, run_block
+from thermal2visible.models.generator import (
+    LayoutIndependentDropout,
+    generator_config,
+    init_weights,
+    make_norm,
+    run_block,
+)
 
 RESIDUAL_BLOCKS = 9
 
@@ -32,7 +38,7 @@ class ResidualBlock(nn.Module):
             nn.ReLU(),
         ]
         if dropout > 0:
-            layers.append(nn.Dropout(dropout))
+            layers.append(LayoutIndependentDropout(dropout))
         layers += [nn.ReflectionPad2d(1), nn.Conv2d(channels, channels, 3, bias=bias), make_norm(norm, channels)]
         self.layers = nn.Sequential(*layers)
 
