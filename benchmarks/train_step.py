@@ -6,7 +6,8 @@ default Adam, fp32, NCHW, batches already in memory, D's weights frozen for G's 
 Every other configuration trains the project's own `Pix2Pix` LightningModule under a real Trainer (the step that
 trains, non-finite checks and the precision plugin included); a callback stamps the end of every batch and a step's
 time is the gap between two stamps (fetching the batch, jitter and the whole step). "default" is what params.yaml
-trains with (precision auto, NCHW, fused Adam, preloaded cache); the others change one thing of it.
+trains with (precision and layout as `auto` resolves them, fused Adam, preloaded cache); the others change one thing
+of it.
 
 At 256 px the model is the paper's (ngf/ndf 64); at other sizes it is params.yaml's. Achieved GFLOP/s (FLOPs counted
 by FlopCounterMode on one plain step) is set against the GEMM peak of the step's dtype, measured in every round under
@@ -90,6 +91,7 @@ CONFIGS = {
     "default in fp32": dict(precision="32-true"),
     "default in fp32 + torch.compile": dict(precision="32-true", compile=True),
     "default + channels_last": dict(channels_last=True),
+    "default in NCHW": dict(channels_last=False),
     "default, plain Adam": dict(fused_adam=False),
     "default, simultaneous update": dict(update_rule="simultaneous"),
     "default + small convs as matmul": dict(small_convs_as_matmul=4),
