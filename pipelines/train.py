@@ -30,7 +30,7 @@ from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
 from thermal2visible.tracking.store import data_hash, log_artifact, start_run
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
-from thermal2visible.training.precision import resolve_accelerator, resolve_precision
+from thermal2visible.training.precision import resolve_accelerator, resolve_channels_last, resolve_precision
 from thermal2visible.training.resume import checkpointing, find_resume, last_checkpoint, run_fingerprint
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
 from thermal2visible.paths import (
@@ -102,6 +102,8 @@ def main(params: Params) -> None:
     resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST_GENERATOR])
 
     accelerator = resolve_accelerator(t.accelerator)
+    precision = resolve_precision(t.precision, accelerator)
+    channels_last = resolve_channels_last(t.channels_last, accelerator, precision)
     logger = start_run(
         params,
         "train",
@@ -112,7 +114,9 @@ def main(params: Params) -> None:
         tags={
             "fingerprint": fingerprint,
             "device": accelerator,
-            "precision": resolve_precision(t.precision, accelerator),
+            "precision": precision,
+            # what `auto` picked: the two layouts' weights differ by float rounding
+            "memory_format": "channels_last" if channels_last else "nchw",
             "world_size": str(world_size(t)),
         },
     )

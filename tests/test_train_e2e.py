@@ -9,6 +9,7 @@ import pytest
 from conftest import run_script
 
 from thermal2visible.models.payloads import load_generator
+from thermal2visible.training.precision import resolve_channels_last
 
 pytestmark = pytest.mark.slow
 # Reliable on the tiny set in seconds: L1 dominates (the GAN term only sharpens), small batches give many steps.
@@ -72,6 +73,9 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     assert runs["evaluate"].data.tags["train_run_id"] == train_run.info.run_id
     assert float(train_run.data.tags["train_seconds"]) > 0 and "seconds" not in summary
     assert train_run.data.params["train.lambda_l1"] == "1000.0" and train_run.data.tags["data_hash"]
+    # the param says `auto`; the tag says what it picked on this machine
+    picked = resolve_channels_last("auto", "cpu", train_run.data.tags["precision"])
+    assert train_run.data.tags["memory_format"] == ("channels_last" if picked else "nchw")
     assert [m.step for m in client.get_metric_history(train_run.info.run_id, "loss_g")] == list(
         range(1, summary["epochs_run"] + 1)
     )  # one point per epoch, stepped by epoch
