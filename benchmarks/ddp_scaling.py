@@ -59,8 +59,9 @@ NEIGHBOURS = {
     "copy": "import numpy as np\nsource = np.ones(2**25)\ntarget = np.empty_like(source)\n"
     "while True: np.copyto(target, source)",
 }
-# train.keep_freed_memory off: the reference of the configs that turn it off
+# One worker with a train setting changed: the reference of the two-worker configs with the same change
 GLIBC_1 = "1 worker, glibc's malloc defaults"
+NCHW_1 = "1 worker, NCHW"
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
 CONFIGS = {
     "1 worker": dict(workers=1),
@@ -84,7 +85,15 @@ CONFIGS = {
     "2 workers, bucket view, glibc's malloc defaults": dict(
         workers=2, gradient_as_bucket_view=True, keep_freed_memory=False
     ),
+    NCHW_1: dict(workers=1, channels_last=False),
+    "2 workers, bucket view, NCHW": dict(workers=2, gradient_as_bucket_view=True, channels_last=False),
 }
+OWN_REFERENCE = {
+    "2 workers, bucket view, glibc's malloc defaults": GLIBC_1,
+    "2 workers, bucket view, NCHW": NCHW_1,
+}
+# keys of params.yaml's train section a configuration may change; the rest are GanDDPStrategy's
+TRAIN_KEYS = ("keep_freed_memory", "channels_last")
 DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)"]
 
 
@@ -122,7 +131,7 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     """One configuration; rank 0 writes {"step_s": ...} to `out`."""
     config = dict(config)
     workers, compress, neighbour = config.pop("workers"), config.pop("compress", None), config.pop("neighbour", None)
-    memory = {"keep_freed_memory": config.pop("keep_freed_memory")} if "keep_freed_memory" in config else {}
+    changed = {key: config.pop(key) for key in TRAIN_KEYS if key in config}
     if config.pop("pin", False):  # rank 0 runs first and its second rank inherits its core, then takes its own
         os.sched_setaffinity(0, {int(os.environ.get("LOCAL_RANK", 0))})
     train = dataclasses.replace(
@@ -131,7 +140,7 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
         devices=workers,
         accelerator="cpu",
         max_epochs=1,
-        **memory,
+        **changed,
     )
     strategy = "auto"
     if workers == 1:
@@ -259,23 +268,23 @@ def main() -> None:
             }
             records[batch] = measure_rounds(calls, args.rounds, label=f"batch {batch}/worker: ")
             results[batch] = summarize(records[batch], baseline="1 worker")
-            if GLIBC_1 in args.configs:
-                results[batch]["vs_1_worker_glibc"] = summarize(records[batch], baseline=GLIBC_1)["configs"]
+            for reference in set(OWN_REFERENCE.values()) & set(args.configs):
+                results[batch][f"vs {reference}"] = summarize(records[batch], baseline=reference)["configs"]
     rows = []
     for batch, summary in results.items():
         for name, figures in summary["configs"].items():
             figures["images_per_s"] = round(1 / figures["median_s"], 3)
             figures["efficiency"] = round(figures["speedup_median"] / CONFIGS[name]["workers"], 3)
-            against_glibc = summary.get("vs_1_worker_glibc", {}).get(name)
+            against_own = summary.get(f"vs {OWN_REFERENCE.get(name)}", {}).get(name)
             rows.append(
                 [
                     *(batch, name, figures["images_per_s"], ratio_text(figures)),
-                    ratio_text(against_glibc) if against_glibc else "",
+                    ratio_text(against_own) if against_own else "",
                     f"{figures['efficiency']:.0%}",
                 ]
             )
     header = ["batch/worker", "configuration", "images/s", "vs 1 worker (median [min-max])"]
-    print(markdown_table([*header, f"vs {GLIBC_1}", "efficiency"], rows))
+    print(markdown_table([*header, "vs 1 worker with the same change", "efficiency"], rows))
     write_report(
         args.report,
         {
