@@ -59,7 +59,7 @@ NEIGHBOURS = {
     "copy": "import numpy as np\nsource = np.ones(2**25)\ntarget = np.empty_like(source)\n"
     "while True: np.copyto(target, source)",
 }
-# One worker with a train setting changed: the reference of the two-worker configs with the same change
+# One worker with a train setting changed: the reference of the configs with the same change
 GLIBC_1 = "1 worker, glibc's malloc defaults"
 NCHW_1 = "1 worker, NCHW"
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
@@ -87,10 +87,12 @@ CONFIGS = {
     ),
     NCHW_1: dict(workers=1, channels_last=False),
     "2 workers, bucket view, NCHW": dict(workers=2, gradient_as_bucket_view=True, channels_last=False),
+    "1 worker, NCHW, the other core copying memory": dict(workers=1, channels_last=False, neighbour="copy"),
 }
 OWN_REFERENCE = {
     "2 workers, bucket view, glibc's malloc defaults": GLIBC_1,
     "2 workers, bucket view, NCHW": NCHW_1,
+    "1 worker, NCHW, the other core copying memory": NCHW_1,
 }
 # keys of params.yaml's train section a configuration may change; the rest are GanDDPStrategy's
 TRAIN_KEYS = ("keep_freed_memory", "channels_last")
