@@ -59,9 +59,6 @@ NEIGHBOURS = {
     "copy": "import numpy as np\nsource = np.ones(2**25)\ntarget = np.empty_like(source)\n"
     "while True: np.copyto(target, source)",
 }
-# One worker with a train setting changed: the reference of the configs with the same change
-GLIBC_1 = "1 worker, glibc's malloc defaults"
-NCHW_1 = "1 worker, NCHW"
 # DDP's own defaults are bucket_cap_mb 25, gradient_as_bucket_view False; the project's strategy turns the view on.
 CONFIGS = {
     "1 worker": dict(workers=1),
@@ -81,22 +78,27 @@ CONFIGS = {
     "2 workers, bucket view, a core each": dict(workers=2, gradient_as_bucket_view=True, pin=True),
     "1 worker, the other core spinning": dict(workers=1, neighbour="spin"),
     "1 worker, the other core copying memory": dict(workers=1, neighbour="copy"),
-    GLIBC_1: dict(workers=1, keep_freed_memory=False),
+    "1 worker, glibc's malloc defaults": dict(workers=1, keep_freed_memory=False),
     "2 workers, bucket view, glibc's malloc defaults": dict(
         workers=2, gradient_as_bucket_view=True, keep_freed_memory=False
     ),
-    NCHW_1: dict(workers=1, channels_last=False),
+    "1 worker, NCHW": dict(workers=1, channels_last=False),
     "2 workers, bucket view, NCHW": dict(workers=2, gradient_as_bucket_view=True, channels_last=False),
     "1 worker, NCHW, the other core copying memory": dict(workers=1, channels_last=False, neighbour="copy"),
 }
-OWN_REFERENCE = {
-    "2 workers, bucket view, glibc's malloc defaults": GLIBC_1,
-    "2 workers, bucket view, NCHW": NCHW_1,
-    "1 worker, NCHW, the other core copying memory": NCHW_1,
-}
+DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)"]
 # keys of params.yaml's train section a configuration may change; the rest are GanDDPStrategy's
 TRAIN_KEYS = ("keep_freed_memory", "channels_last")
-DEFAULT_CONFIGS = ["1 worker", "2 workers, DDP defaults", "2 workers, bucket view (project)"]
+
+
+def own_reference(name: str) -> str | None:
+    """The one-worker configuration with the same train settings changed as `name`, if `name` changes any: the
+    reference its ratio is also set against."""
+    changed = {key: CONFIGS[name][key] for key in TRAIN_KEYS if key in CONFIGS[name]}
+    if not changed:
+        return None
+    [reference] = [other for other, config in CONFIGS.items() if config == dict(workers=1, **changed)]
+    return None if reference == name else reference
 
 
 def bf16_allreduce(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -270,14 +272,14 @@ def main() -> None:
             }
             records[batch] = measure_rounds(calls, args.rounds, label=f"batch {batch}/worker: ")
             results[batch] = summarize(records[batch], baseline="1 worker")
-            for reference in set(OWN_REFERENCE.values()) & set(args.configs):
+            for reference in {own_reference(name) for name in args.configs} & set(args.configs):
                 results[batch][f"vs {reference}"] = summarize(records[batch], baseline=reference)["configs"]
     rows = []
     for batch, summary in results.items():
         for name, figures in summary["configs"].items():
             figures["images_per_s"] = round(1 / figures["median_s"], 3)
             figures["efficiency"] = round(figures["speedup_median"] / CONFIGS[name]["workers"], 3)
-            against_own = summary.get(f"vs {OWN_REFERENCE.get(name)}", {}).get(name)
+            against_own = summary.get(f"vs {own_reference(name)}", {}).get(name)
             rows.append(
                 [
                     *(batch, name, figures["images_per_s"], ratio_text(figures)),
