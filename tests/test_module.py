@@ -3,10 +3,12 @@
 import copy
 import dataclasses
 import math
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.rank_zero import WarningCache
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
@@ -157,19 +159,38 @@ def test_native_bf16_from_the_cpu_features(features, in_use, native, monkeypatch
 
 
 @pytest.mark.parametrize("native_bf16, cpu_mixed", [(True, "bf16-mixed"), (False, "32-true")])
-def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch, capsys):
+def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch):
     monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native_bf16)
-    assert resolve_precision("auto", "gpu") == "16-mixed"
-    assert resolve_precision("auto", "cpu") == cpu_mixed
-    assert resolve_precision("16-mixed", "gpu") == "16-mixed"
-    assert resolve_precision("32-true", "cpu") == "32-true"
-    assert capsys.readouterr().out == ""
-    assert resolve_precision("16-mixed", "cpu") == cpu_mixed
-    assert capsys.readouterr().out.count("\n") == 1  # a one-line notice
-    assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"  # asked for by name: kept, with a notice if emulated
-    assert capsys.readouterr().out.count("\n") == (0 if native_bf16 else 1)
+    monkeypatch.setattr(precision_module, "NOTICES", WarningCache())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert resolve_precision("auto", "gpu") == "16-mixed"
+        assert resolve_precision("auto", "cpu") == cpu_mixed
+        assert resolve_precision("16-mixed", "gpu") == "16-mixed"
+        assert resolve_precision("32-true", "cpu") == "32-true"
+        assert said == []
+        assert resolve_precision("16-mixed", "cpu") == cpu_mixed
+        notice = f"train.precision 16-mixed is for GPUs; using {cpu_mixed} on this CPU"
+        assert [str(w.message) for w in said] == [notice]
+        # asked for by name: kept, with a notice if emulated
+        assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+        assert len(said) == (1 if native_bf16 else 2)
     monkeypatch.undo()
     assert build_trainer(tiny_train(precision="16-mixed")).precision == resolve_precision("auto", "cpu")
+
+
+def test_a_run_says_its_precision_notice_once(monkeypatch):
+    """A run resolves its precision for its fingerprint, its tags and its trainer: the notice comes once, not thrice."""
+    monkeypatch.setattr(precision_module, "NOTICES", WarningCache(), raising=False)
+    params = dataclasses.replace(SHIPPED, train=tiny_train(precision="16-mixed"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run_fingerprint(params, "data")
+        resolve_precision(params.train.precision, "cpu")
+        build_trainer(params.train)
+    assert [str(w.message) for w in said if "16-mixed" in str(w.message)] == [
+        f"train.precision 16-mixed is for GPUs; using {resolve_precision('auto', 'cpu')} on this CPU"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,12 @@ not the word `auto`, defines a run's weights (resume.run_fingerprint), so one mo
 from __future__ import annotations
 
 import torch
+from lightning.fabric.utilities.rank_zero import WarningCache
 
 from thermal2visible.errors import ConfigError
+
+# A run resolves its precision more than once (fingerprint, tags, trainer) and in every DDP rank: say each thing once.
+NOTICES = WarningCache()
 
 
 def resolve_accelerator(accelerator: str) -> str:
@@ -45,11 +49,11 @@ def resolve_precision(precision: str, accelerator: str) -> str:
         return "16-mixed" if precision == "auto" else precision
     cpu_mixed = "bf16-mixed" if cpu_has_native_bf16() else "32-true"
     if precision == "16-mixed":
-        print(f"notice: train.precision 16-mixed is for GPUs; using {cpu_mixed} on this CPU")
+        NOTICES.warn(f"train.precision 16-mixed is for GPUs; using {cpu_mixed} on this CPU")
         return cpu_mixed
     if precision == "bf16-mixed" and cpu_mixed == "32-true":
-        print(
-            "notice: this CPU has no bf16 instructions: train.precision bf16-mixed runs emulated, several times "
+        NOTICES.warn(
+            "this CPU has no bf16 instructions: train.precision bf16-mixed runs emulated, several times "
             "slower than 32-true (train.precision: auto picks the faster)"
         )
     return cpu_mixed if precision == "auto" else precision
