@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.discriminator import (
@@ -177,6 +178,32 @@ def test_a_seed_drops_the_same_activations_in_both_memory_layouts(kind):
     reseeded = generator(x)
     assert torch.allclose(outputs[0], outputs[1], atol=1e-5)  # float rounding: batch norm sums in another order
     assert not torch.allclose(outputs[0], reseeded, atol=1e-2)  # another seed drops others: the masks matter here
+
+
+class BatchNormGradients(TorchDispatchMode):
+    """Records, for every batch-norm backward, whether its incoming gradient is dense in its input's layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.native_batch_norm_backward.default:
+            grad, x = args[0], args[1]
+            channels_last = x.is_contiguous(memory_format=torch.channels_last)
+            self.dense.append(grad.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_every_batch_norm_gets_a_dense_gradient(layout):
+    """A decoder level's output feeds only the skip concatenation, whose backward hands it a strided slice; batch
+    norm's CPU backward is several times slower on those (models.generator.dense_gradient)."""
+    generator = UNetGenerator(1, 3, 32, ngf=8, norm="batch", dropout=0.0, recompute=False).to(memory_format=layout)
+    x = (torch.rand(2, 1, 32, 32) * 2 - 1).contiguous(memory_format=layout)
+    with BatchNormGradients() as spy:
+        generator(x).sum().backward()
+    assert len(spy.dense) == 7 and all(spy.dense), spy.dense  # 3 encoder + 4 decoder batch norms at 32 px
 
 
 def test_nchw_dropout_draws_what_torch_draws_so_earlier_seeds_reproduce():

@@ -41,6 +41,17 @@ class LayoutIndependentDropout(nn.Dropout):
         return x * keep.div_(1 - self.p)  # x first: the product keeps x's memory layout
 
 
+def dense_gradient(x: torch.Tensor) -> torch.Tensor:
+    """`x`, whose gradient reaches the layer before it dense, in `x`'s own memory layout. A tensor that only
+    feeds torch.cat gets a strided slice of the cat's gradient, and batch norm's CPU backward takes a slow path
+    for those: forward + backward 5-6x (NCHW) and 7-24x (channels-last) slower at the U-Net's 16-128 px levels
+    (bf16, batch 4, an AMX Xeon)."""
+    if x.requires_grad:
+        layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+        x.register_hook(lambda grad: grad.contiguous(memory_format=layout))
+    return x
+
+
 def init_weights(model: nn.Module) -> None:
     """pix2pix initialisation: weights N(0, 0.02), batch-norm scales N(1, 0.02), biases 0."""
     for layer in model.modules():
@@ -144,7 +155,7 @@ class UNetGenerator(nn.Module):
             skips.append(x)
         y = self._run(self.decoder[-1], skips.pop())
         for block in reversed(self.decoder[:-1]):
-            y = self._run(block, torch.cat([skips.pop(), y], dim=1))
+            y = self._run(block, torch.cat([skips.pop(), dense_gradient(y)], dim=1))
         return y
 
 
