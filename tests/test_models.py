@@ -190,8 +190,8 @@ class BatchNormGradients(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.native_batch_norm_backward.default:
             grad, x = args[0], args[1]
-            channels_last = x.is_contiguous(memory_format=torch.channels_last)
-            self.dense.append(grad.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format))
+            layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else None
+            self.dense.append(grad.is_contiguous(memory_format=layout or torch.contiguous_format))
         return func(*args, **(kwargs or {}))
 
 
