@@ -190,8 +190,9 @@ class BatchNormGradients(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.native_batch_norm_backward.default:
             grad, x = args[0], args[1]
-            layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else None
-            self.dense.append(grad.is_contiguous(memory_format=layout or torch.contiguous_format))
+            channels_last = x.is_contiguous(memory_format=torch.channels_last)
+            layout = torch.channels_last if channels_last else torch.contiguous_format
+            self.dense.append(grad.is_contiguous(memory_format=layout))
         return func(*args, **(kwargs or {}))
 
 

@@ -181,7 +181,7 @@ def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch):
 
 def test_a_run_says_its_precision_notice_once(monkeypatch):
     """A run resolves its precision for its fingerprint, its tags and its trainer: the notice comes once, not thrice."""
-    monkeypatch.setattr(precision_module, "NOTICES", WarningCache(), raising=False)
+    monkeypatch.setattr(precision_module, "NOTICES", WarningCache())
     params = dataclasses.replace(SHIPPED, train=tiny_train(precision="16-mixed"))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
