@@ -11,12 +11,12 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
 
-.PHONY: setup demo test test-fast lint format serve ui screenshots clean
+.PHONY: setup demo exp test test-fast lint format serve ui screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned: the CPU build on disk. A GPU user installs a CUDA build here instead (see README).
+	# torch first, pinned: the CPU build on disk. A GPU user installs a CUDA build here instead (docs/training.md).
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
@@ -26,15 +26,19 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/dvc repro
 	@echo
-	@echo "Serve the champion:  make serve        (REST on params.yaml serve.host:serve.port, see README: Serving)"
-	@echo "Browse the runs:     make ui           (MLflow UI on http://127.0.0.1:5000, see README: Tracking)"
+	@echo "Serve the champion:  make serve        (REST on params.yaml serve.host:serve.port, docs/serving.md)"
+	@echo "Browse the runs:     make ui           (MLflow UI on http://127.0.0.1:5000, README: Where to look)"
 
-serve: setup
-	$(PY) pipelines/serve.py $(if $(MODEL),--model $(MODEL))
+exp: setup  # `make exp PRESET=params/camera.yaml SET="train.max_epochs=50"`: a DVC experiment, refused up front if unrunnable
+	$(PY) -m thermal2visible.experiment all "$(SET)" $(if $(PRESET),--preset $(PRESET))
 
-ui: setup
-	@echo "MLflow UI, model-training view: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
-	$(VENV)/bin/mlflow ui -h 127.0.0.1 -p 5000  # MLflow's default store: ./mlflow.db, as the stages use
+serve: setup  # `make serve PORT=5002 MODEL=models:/NAME/VERSION` overrides serve.port and the champion
+	$(PY) pipelines/serve.py $(if $(MODEL),--model $(MODEL)) $(if $(PORT),--set serve.port=$(PORT))
+
+UI_PORT := $(or $(PORT),5000)
+ui: setup  # `make ui PORT=5050` for another port
+	@echo "MLflow UI, model-training view: http://127.0.0.1:$(UI_PORT)/#/experiments?workflowType=machine_learning"
+	$(VENV)/bin/mlflow ui -h 127.0.0.1 -p $(UI_PORT)  # MLflow's default store: ./mlflow.db, as the stages use
 
 screenshots: setup
 	$(PY) -m thermal2visible.dev.ui

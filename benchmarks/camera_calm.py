@@ -9,8 +9,8 @@ visible frame of a registered camera.
 
 PSNR (dB, [0, 1] images, mean over the test frames) over the pixels the two renders share — where the objects are
 (where the two thermal renders differ, grown by GROW pixels) is left out of both scores — in two regions: the face
-(the face box `preprocess.face_crop` would cut from the calm frame) and the whole frame. Writes
-reports/camera_calm.json (--report names it otherwise).
+(the face box `preprocess.face_crop` would cut from the calm frame) and the whole frame. Writes a
+new benchmarks/results/<date>-camera_calm.json (--report names it otherwise, --out puts it at a path of your choice).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy.ndimage import binary_dilation
 
-from benchmarks.common import add_report_option, machine_text, write_report
+from benchmarks.common import add_report_option, machine_text, result_stem, write_report
 from thermal2visible.config import load_params, preset_overrides, stored_section
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.preprocess import face_box, thermal_counts
@@ -110,7 +110,7 @@ def main() -> None:
             for region, by_frame in psnr.items()
         },
     }
-    write_report(args.report, report)
+    write_report(result_stem(args.report, args.out), report)
     print(json.dumps(report, indent=2))
 
 

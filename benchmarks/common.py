@@ -1,12 +1,15 @@
-"""What every benchmark shares: the machine it ran on, medians, matmul peaks, profiles, and the report files.
+"""What every benchmark shares: the machine it ran on, medians, matmul peaks, profiles, and the result files.
 
-Benchmarks run from the project root (`python -m benchmarks.<name>`); each writes reports/<name>.json (+ .png).
+Benchmarks run from the project root (`python -m benchmarks.<name>`); each run writes a new dated result,
+benchmarks/results/<YYYY-MM-DD>-<name>.json (+ .md, .png), and never replaces a file unless given --out.
 Timings are medians of repeats after warm-up; every figure says how many torch threads made it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import itertools
 import json
 import logging
 import os
@@ -35,12 +38,14 @@ from benchmarks.rounds import MachineLoad
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
-from thermal2visible.paths import PAPER_GPU, PARAMS, REPORTS  # noqa: E402
+from thermal2visible.paths import PAPER_GPU, PARAMS  # noqa: E402
 
 quiet_lightning()
 logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: False" x N
 RAW_SIDE = 1.25  # raw frames are larger than the model input, as camera frames are: preprocessing resizes them
 PROJECT = Path(__file__).resolve().parents[1]
+RESULTS = Path("benchmarks/results")  # from the project root, where benchmarks run
+RESULT_SUFFIXES = (".json", ".md", ".png")  # the files one run may write, side by side
 SHIPPED = load_params(PROJECT / PARAMS)  # every setting a benchmark does not change on purpose
 PAPER = load_params(PROJECT / PARAMS, preset_overrides(PROJECT / PAPER_GPU))
 PAPER_SIZE, PAPER_MODEL = PAPER.preprocess.image_size, PAPER.model  # the paper's networks
@@ -196,17 +201,44 @@ def markdown_table(header: list[str], rows: list[list[object]]) -> str:
 
 
 def add_report_option(parser, default: str, files: str) -> None:
-    """--report NAME: the reports/NAME.<files> a run writes, so a run of other settings (another batch, AVX2
-    arithmetic, more setups) keeps the shipped report beside its own."""
+    """--report NAME names a run's result, benchmarks/results/<date>-NAME.<files>; --out PATH writes those files at
+    PATH instead, replacing what is there: the one way a run writes over an existing file."""
     parser.add_argument(
-        "--report", default=default, help=f"name of the reports/<name>.{files} files (default {default})"
+        "--report",
+        default=default,
+        help=f"name of the result: a new benchmarks/results/<date>-<name>.{files} (default {default})",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="PATH",
+        help=f"write PATH.{files} instead (a suffix given is dropped), replacing existing files",
     )
 
 
-def write_report(name: str, figures: dict) -> Path:
-    """reports/<name>.json with the figures and the machine that produced them."""
-    path = REPORTS / f"{name}.json"
+def result_stem(name: str, out: Path | None = None) -> Path:
+    """Where a run's files go, without their suffix: `out` when given (its .json/.md/.png suffix dropped), else
+    benchmarks/results/<today>-<name>, with -2, -3, ... when a file of that name exists: a run never replaces a
+    result, tracked or not, unless told where to write."""
+    if out is not None:
+        return out.with_suffix("") if out.suffix in RESULT_SUFFIXES else out
+    today = datetime.date.today().isoformat()
+    for number in itertools.count(1):
+        stem = RESULTS / (f"{today}-{name}" if number == 1 else f"{today}-{name}-{number}")
+        if not any(Path(f"{stem}{suffix}").exists() for suffix in RESULT_SUFFIXES):
+            return stem
+
+
+def result_file(stem: Path, suffix: str) -> Path:
+    """`stem` + `suffix` (".json", ".md", ".png"), its folder made."""
+    path = Path(f"{stem}{suffix}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_report(stem: Path, figures: dict) -> Path:
+    """<stem>.json with the figures and the machine that produced them."""
+    path = result_file(stem, ".json")
     path.write_text(json.dumps(figures | {"machine": machine()}, indent=1) + "\n")
     return path
 

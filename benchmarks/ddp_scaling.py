@@ -8,9 +8,10 @@ varied. DDP refuses the stock bf16 compression hook on CPU by its name, so the b
 doing the same thing.
 The configurations run in interleaved rounds (benchmarks/rounds.py); the figure compared is seconds per image.
 
-Writes reports/ddp_scaling.json and reports/ddp_scaling.png (--report names them otherwise).
+Writes a new benchmarks/results/<date>-ddp_scaling.json and .png (--report names them otherwise, --out puts them
+at a path of your choice).
 Usage: python -m benchmarks.ddp_scaling [--size 256] [--batches 4] [--rounds 3] [--repeats 4] [--configs ...]
-       [--report ddp_scaling]
+       [--report ddp_scaling] [--out PATH]
 """
 
 import argparse
@@ -35,13 +36,14 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 
 from benchmarks.common import (
     PAPER_MODEL,
-    REPORTS,
     SHIPPED,
     BatchClock,
     add_report_option,
     machine_text,
     markdown_table,
     median_seconds,  # noqa: E402
+    result_file,
+    result_stem,
     synthetic_cache,
     write_report,
 )
@@ -212,7 +214,7 @@ def seconds_per_image(name: str, batch: int, cache: Path, args, scratch: Path) -
         str(args.warmup),
         "--repeats",
         str(args.repeats),
-        "--out",
+        "--result-file",
         str(out),
     ]
     finished = subprocess.run(command, capture_output=True, text=True)
@@ -242,11 +244,13 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     add_report_option(parser, "ddp_scaling", "{json,png}")
     args = parser.parse_args()
     if args.worker:
-        worker(json.loads(args.worker), args.cache, args.size, args.batches[0], args.warmup, args.repeats, args.out)
+        worker(
+            json.loads(args.worker), args.cache, args.size, args.batches[0], args.warmup, args.repeats, args.result_file
+        )
         return
     if "1 worker" not in args.configs:
         parser.error("--configs must include '1 worker' (the reference)")
@@ -289,8 +293,9 @@ def main() -> None:
             )
     header = ["batch/worker", "configuration", "images/s", "vs 1 worker (median [min-max])"]
     print(markdown_table([*header, "vs 1 worker with the same change", "efficiency"], rows))
+    stem = result_stem(args.report, args.out)
     write_report(
-        args.report,
+        stem,
         {
             "results": results,
             "records": records,
@@ -301,8 +306,8 @@ def main() -> None:
             "allreduce_s": exchange,
         },
     )
-    plot(results, REPORTS / f"{args.report}.png")
-    print(f"wrote {REPORTS}/{args.report}.json and .png")
+    plot(results, result_file(stem, ".png"))
+    print(f"wrote {stem}.json and .png")
 
 
 if __name__ == "__main__":

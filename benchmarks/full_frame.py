@@ -1,12 +1,14 @@
 """Full-frame translation: `pad` (one fully convolutional pass) against `tile` (overlapping training-size tiles),
 with the old centre-square-stretched-to-the-frame as the reference, on the test pairs of a built cache.
 
-    python -m benchmarks.full_frame --onnx models/generator.onnx --cache data/cache --out reports/full_frame.json
+    python -m benchmarks.full_frame --onnx models/generator.onnx --cache data/cache
 
 PSNR (dB, [0, 1] images, mean over frames) on the test faces as they are (square) and on two and three test faces
 side by side (2:1 and 3:1: the wide frames where the methods differ; a frame is scaled by image_size / its shorter
 side, so every square frame is one training view); latency (ms, onnxruntime on this CPU) on a Lepton 160x120 and a
 Boson 640x512 frame, the three methods in interleaved rounds (benchmarks/rounds.py), set against `pad`.
+Writes a new benchmarks/results/<date>-full_frame.json (--report names it otherwise, --out puts it at a path of your
+choice).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import numpy as np
 from skimage.metrics import peak_signal_noise_ratio
 from skimage.transform import resize
 
-from benchmarks.common import machine, machine_text
+from benchmarks.common import add_report_option, machine_text, result_stem, write_report
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
 from thermal2visible.config import PreprocessConfig, stored_section
 from thermal2visible.data.cache import raw_pairs
-from thermal2visible.paths import CACHE, ONNX, REPORTS
+from thermal2visible.paths import CACHE, ONNX
 from thermal2visible.data.preprocess import prepare_thermal
 from thermal2visible.inference.export import median_latency_ms
 from thermal2visible.inference.frames import translate_frame
@@ -47,8 +49,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--onnx", type=Path, default=ONNX)
     parser.add_argument("--cache", type=Path, default=CACHE)
-    parser.add_argument("--out", type=Path, default=REPORTS / "full_frame.json")
     parser.add_argument("--rounds", type=int, default=3, help="timed latency rounds after one warm-up round")
+    add_report_option(parser, "full_frame", "json")
     args = parser.parse_args()
     session = onnx_session(args.onnx)
     metadata = onnx_metadata(session)
@@ -64,7 +66,6 @@ def main() -> None:
     }
     pairs = list(raw_pairs(args.cache, "test"))
     report = {
-        "machine": machine(),
         "machine_text": machine_text(),
         "image_size": cfg.image_size,
         "test_pairs": len(pairs),
@@ -102,8 +103,7 @@ def main() -> None:
         report["latency_vs_pad"][f"{width}x{height}"] = {
             name: ratio_text(figures) for name, figures in summary["configs"].items()
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(result_stem(args.report, args.out), report)
     print(json.dumps(report, indent=2))
 
 

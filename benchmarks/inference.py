@@ -10,9 +10,10 @@ each timed on `--repeats` calls per round; the REST and in-process pyfunc alike 
 Achieved GFLOP/s (the generator's forward FLOPs counted by FlopCounterMode) is set against the measured GEMM peak of
 the engine's arithmetic (fp32, bf16, int8).
 
-Writes reports/inference.json and reports/inference.png.
+Writes a new benchmarks/results/<date>-inference.json and .png (--report names them otherwise, --out puts them at a
+path of your choice).
 Usage: python -m benchmarks.inference [--size 256] [--batches 1 8] [--rounds 3] [--repeats 5] [--requests 20]
-       [--no-rest]
+       [--no-rest] [--report inference] [--out PATH]
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from benchmarks.common import (
     PAPER_MODEL,
-    REPORTS,
     RAW_SIDE,
     GemmPeaks,
+    add_report_option,
     machine_text,
     markdown_table,  # noqa: E402
     median_seconds,
+    result_file,
+    result_stem,
     share_text,
     synthetic_cache,
     write_report,
@@ -186,6 +189,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20, help="timed requests per round, REST and in-process")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-rest", action="store_true", help="skip the model-server round trip")
+    add_report_option(parser, "inference", "{json,png}")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{machine_text()}; torch and onnxruntime on {args.threads} threads, {args.size} px", flush=True)
@@ -250,8 +254,9 @@ def main() -> None:
             f"pyfunc, 1 image per request: in-process {1000 * figures[IN_PROCESS]['median_s']:.1f} ms, REST "
             f"{1000 * figures[REST]['median_s']:.1f} ms: REST is {ratio_text(figures[REST])} as fast"
         )
+    stem = result_stem(args.report, args.out)
     write_report(
-        "inference",
+        stem,
         {
             "size": args.size,
             "threads": args.threads,
@@ -262,8 +267,8 @@ def main() -> None:
             "serving": serving,
         },
     )
-    plot(results, serving, REPORTS / "inference.png", f"Generator {args.size} px")
-    print(f"wrote {REPORTS}/inference.json and .png")
+    plot(results, serving, result_file(stem, ".png"), f"Generator {args.size} px")
+    print(f"wrote {stem}.json and .png")
 
 
 if __name__ == "__main__":

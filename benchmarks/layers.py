@@ -10,9 +10,10 @@ patches; a plain one as im2col (`F.unfold`) and one matmul. Its speed-up over on
 ratio. So is, in rounds of its own after those, the whole plain step's (bf16 autocast) with the layers that were
 faster that way (spread above 1) swapped in, the others left to oneDNN.
 
-    python -m benchmarks.layers [--batch 4] [--size 256] [--rounds 3] [--repeats 5] [--report layers]
+    python -m benchmarks.layers [--batch 4] [--size 256] [--rounds 3] [--repeats 5] [--report layers] [--out PATH]
 
-Writes reports/layers.json and reports/layers.md (--report names them otherwise). The table's last two rows add
+Writes a new benchmarks/results/<date>-layers.json and .md (--report names them otherwise, --out puts them at a
+path of your choice). The table's last two rows add
 the layers up: once each, and as the plain step runs them (STEP_MIX), the rate its convolutions reach with nothing
 else in the step, to set beside benchmarks.train_step's figure for the whole step. As a training process does, it
 keeps freed memory for reuse when params.yaml's train.keep_freed_memory says so.
@@ -29,13 +30,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.common import (
     PAPER_SIZE,
-    REPORTS,
     SHIPPED,
     GemmPeaks,
     add_report_option,
     machine_text,
     markdown_table,
     median_seconds,
+    result_file,
+    result_stem,
     share_text,
     write_report,
 )
@@ -208,9 +210,10 @@ def main() -> None:
     )
     text = f"{machine_text()}; GEMM peak {peaks.text()}; batch {args.batch}, {args.size} px\n\n{table}\n"
     print(text)
-    (REPORTS / f"{args.report}.md").write_text(text)
+    stem = result_stem(args.report, args.out)
+    result_file(stem, ".md").write_text(text)
     write_report(
-        args.report,
+        stem,
         {
             "command": f"python -m benchmarks.layers --batch {args.batch} --size {args.size} --rounds {args.rounds} "
             f"--repeats {args.repeats} --report {args.report}",

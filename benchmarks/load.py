@@ -5,8 +5,9 @@ The served model is the project's pyfunc around a freshly initialised generator 
 depend on the weights), exported by the project's own code. Latency is measured by each client around its whole
 request; throughput is answered requests over the wall time of the test.
 
-Writes reports/load.json and reports/load.png (latency histogram); exits 1 if any request failed.
-Usage: python -m benchmarks.load [--clients 8] [--requests 200] [--size 64] [--ngf 32]
+Writes a new benchmarks/results/<date>-load.json and .png (latency histogram; --report names them otherwise, --out
+puts them at a path of your choice); exits 1 if any request failed.
+Usage: python -m benchmarks.load [--clients 8] [--requests 200] [--size 64] [--ngf 32] [--report load] [--out PATH]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.common import REPORTS, SHIPPED, write_report  # noqa: E402
+from benchmarks.common import SHIPPED, add_report_option, result_file, result_stem, write_report  # noqa: E402
 from benchmarks.inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.inference.export import export_generator  # noqa: E402
@@ -125,6 +126,7 @@ def main() -> None:
     parser.add_argument(
         "--ngf", type=int, default=SHIPPED.model.ngf, help="generator width (default: params.yaml model.ngf)"
     )
+    add_report_option(parser, "load", "{json,png}")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="t2v-load-") as scratch:
         scratch = Path(scratch)
@@ -133,14 +135,14 @@ def main() -> None:
         with model_server(str(model), scratch / "serve") as url:
             figures = load(url, body, args.clients, args.requests)
     figures |= {"model": {"size": args.size, "ngf": args.ngf}, "server": "mlflow models serve, 1 uvicorn worker"}
-    REPORTS.mkdir(exist_ok=True)
+    stem = result_stem(args.report, args.out)
     if figures["p50_ms"] is not None:  # at least one request answered
-        plot(figures, REPORTS / "load.png")
-    write_report("load", figures)
+        plot(figures, result_file(stem, ".png"))
+    write_report(stem, figures)
     print(
         f"{figures['requests']} requests from {args.clients} clients in {figures['wall_s']} s: "
         f"{figures['throughput_rps']} requests/s, p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, "
-        f"{figures['errors']} errors; wrote {REPORTS}/load.json and .png"
+        f"{figures['errors']} errors; wrote {stem}.json and .png"
     )
     for error in figures["first_errors"]:
         print(f"  {error}", file=sys.stderr)

@@ -5,8 +5,9 @@ jitter side (preprocess) and jitters by cropping; the decode path must resample 
 The loaders are compared in interleaved rounds (benchmarks/rounds.py): seconds per image, each loader once a round.
 
 Needs the demo data (`dvc repro preprocess`, or pipelines/synthesize.py, ingest.py, preprocess.py in turn).
-Prints the figures and writes reports/loader.json and reports/loader.png.
-Usage: python -m benchmarks.loader [--rounds 3]
+Prints the figures and writes a new benchmarks/results/<date>-loader.json and .png (--report names them otherwise,
+--out puts them at a path of your choice).
+Usage: python -m benchmarks.loader [--rounds 3] [--report loader] [--out PATH]
 """
 
 import argparse
@@ -20,7 +21,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from benchmarks.common import decoded_batch, machine_text, profile_summary, write_report
+from benchmarks.common import (
+    add_report_option,
+    decoded_batch,
+    machine_text,
+    profile_summary,
+    result_file,
+    result_stem,
+    write_report,
+)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
@@ -28,9 +37,8 @@ from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
-from thermal2visible.paths import CACHE, INDEX, PARAMS, REPORTS
+from thermal2visible.paths import CACHE, INDEX, PARAMS
 
-REPORT = REPORTS / "loader"
 EPOCHS = {"decode every epoch": 1, "cache, preload off": 10, "cache, preloaded": 10, "cache, preloaded, no jitter": 10}
 
 
@@ -77,6 +85,7 @@ def main() -> None:
     torch.set_num_threads(1)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
+    add_report_option(parser, "loader", "{json,png}")
     args = parser.parse_args()
     params = load_params(PARAMS)
     if not INDEX.is_file():
@@ -117,15 +126,16 @@ def main() -> None:
         "train_pairs": manifest["counts"]["train"],
         "epochs": EPOCHS,
     }
-    write_report("loader", figures)
+    stem = result_stem(args.report, args.out)
+    write_report(stem, figures)
     figure, axes = plt.subplots(figsize=(8, 3.4))
     plot_speedups(axes, summary, f"Loader, {manifest['image_size']}px, batch {batch_size}, jitter on")
     axes.set_xscale("log")
     axes.set_xlim(0.5, max(f["speedup_max"] for f in summary["configs"].values()) * 5)
     figure.suptitle(machine_text(), fontsize=9)
     figure.tight_layout()
-    figure.savefig(REPORT.with_suffix(".png"), dpi=120)
-    print(f"wrote {REPORT.with_suffix('.json')} and {REPORT.with_suffix('.png')}")
+    figure.savefig(result_file(stem, ".png"), dpi=120)
+    print(f"wrote {stem}.json and .png")
 
 
 if __name__ == "__main__":

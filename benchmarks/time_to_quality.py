@@ -12,9 +12,11 @@ The runs are interleaved (benchmarks/rounds.py): each round trains every setup w
 order; the time to the target counts from the run's start to the MLflow timestamp of the first epoch whose smoothed
 PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.dev.study's.
 
-Writes reports/time_to_quality.json and reports/time_to_quality.png (--report names them otherwise).
+Writes a new benchmarks/results/<date>-time_to_quality.json and .png (--report names them otherwise, --out puts
+them at a path of your choice).
 Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window W] [--patience P] [--max-epochs 60]
        [--variant "train.batch_size=4 train.lr_scaling=sqrt" ...] [--report time_to_quality]
+       [--out PATH]
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 import mlflow  # noqa: E402
 
-from benchmarks.common import REPORTS, add_report_option, machine_text, markdown_table, write_report  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_report_option,
+    machine_text,
+    markdown_table,
+    result_file,
+    result_stem,
+    write_report,
+)
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
@@ -218,8 +227,9 @@ def main() -> None:
             f"{name}: speed-up to the pix2pix default's best smoothed PSNR {ratio_text(summary['configs'][name])} "
             f"({summary['rounds_counted']} rounds); {machine_text()}"
         )
+    stem = result_stem(args.report, args.out)
     write_report(
-        args.report,
+        stem,
         {
             "summary": summary,
             "records": records,
@@ -230,8 +240,8 @@ def main() -> None:
             "runs": [c | {"setup": n, "seed": s} for (n, s), c in children.items()],
         },
     )
-    plot(children, summary, REPORTS / f"{args.report}.png", machine_text())
-    print(f"wrote {REPORTS}/{args.report}.json and .png")
+    plot(children, summary, result_file(stem, ".png"), machine_text())
+    print(f"wrote {stem}.json and .png")
 
 
 if __name__ == "__main__":

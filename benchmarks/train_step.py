@@ -18,9 +18,10 @@ reference code does (its "freed memory kept" variant applies the project's setti
 AVX2-only CPU on a newer one, start Python with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
 MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
 
-Writes reports/train_step.json, reports/train_step.md and reports/train_step.png (--report names them otherwise).
+Writes a new benchmarks/results/<date>-train_step.json, .md and .png (--report names them otherwise, --out puts
+them at a path of your choice).
 Usage: python -m benchmarks.train_step [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
-       [--report train_step]
+       [--report train_step] [--out PATH]
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from benchmarks.common import (
     PAPER_MODEL,
     PAPER_SIZE,
-    REPORTS,
     SHIPPED,
     BatchClock,
     GemmPeaks,
@@ -58,6 +58,8 @@ from benchmarks.common import (
     machine_text,
     markdown_table,
     profile_summary,
+    result_file,
+    result_stem,
     share_text,
     synthetic_cache,
     synthetic_preprocess,
@@ -381,8 +383,9 @@ def main() -> None:
         ],
     )
     print(table)
+    stem = result_stem(args.report, args.out)
     write_report(
-        args.report,
+        stem,
         {
             "results": results,
             "matmul_peak_gflops": peaks.report(),
@@ -402,14 +405,14 @@ def main() -> None:
         for name, rows in r["profiles"].items()
     )
     steps_text = ", ".join(f"{r['steps']} at {r['size']} px" for r in results)
-    (REPORTS / f"{args.report}.md").write_text(
+    result_file(stem, ".md").write_text(
         f"# Training step, {machine_text()}\n\nGEMM peak: {peaks.text()} (2048x2048, best clean measurement of "
         f"one per round). {args.rounds} interleaved rounds "
         f"after a warm-up round; timed steps per measurement: {steps_text}; speed-up = plain step time / "
         f"configuration time in the same round.\n\n{table}{profile_text}"
     )
-    plot(results, REPORTS / f"{args.report}.png")
-    print(f"wrote {REPORTS}/{args.report}.json, .md and .png")
+    plot(results, result_file(stem, ".png"))
+    print(f"wrote {stem}.json, .md and .png")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ PSNR (dB, [0, 1] images, mean over the test frames) of the face region against t
 the face alone (the square test frame); the face with sides that repeat its edge columns (a calm wide frame);
 the same with a hot strip (the counts' maximum, 65535 for 16-bit) in the left side's outer half and a cold strip
 (0) in the right side's, half a face away; and with both strips filling the sides, touching the face.
-Writes reports/wide_frames.json.
+Writes a new benchmarks/results/<date>-wide_frames.json (--report names it otherwise, --out puts it at a path of
+your choice).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from skimage.metrics import peak_signal_noise_ratio
 
-from benchmarks.common import machine_text, write_report
+from benchmarks.common import add_report_option, machine_text, result_stem, write_report
 from thermal2visible.config import stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.paths import CACHE, ONNX
@@ -65,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--onnx", type=Path, default=ONNX)
     parser.add_argument("--cache", type=Path, default=CACHE)
+    add_report_option(parser, "wide_frames", "json")
     args = parser.parse_args()
     session = onnx_session(args.onnx)
     cfg = stored_section("preprocess", onnx_metadata(session)["preprocess"])
@@ -89,7 +91,7 @@ def main() -> None:
         "face_psnr_db": psnr,
         "vs_face_alone_db": {name: round(value - alone, 2) for name, value in psnr.items()},
     }
-    write_report("wide_frames", report)
+    write_report(result_stem(args.report, args.out), report)
     print(json.dumps(report, indent=2))
 
 

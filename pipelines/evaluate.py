@@ -7,13 +7,16 @@ and the thermal image itself replicated to the visible channels.
 Identity: does a generated face still show its person? The recognizer of `train_recognizer` (trained on the real
 visible training faces) scores the generated test faces, beside the real visible test faces (the ceiling) and the
 thermal input shown as a visible image (the floor). When test people also appear in training (split_by random or
-sequence) it names each face: rank-1 accuracy. With split_by identity no test person was ever seen in training,
-so it cannot name them; it tells same-person from different-person pairs instead (cosine similarity of its
+sequence, as the split came out) it names each of their faces: rank-1 accuracy. Where no test person was seen in
+training (split_by identity, or sequences that each hold one person), it cannot name them; it tells same-person from
+different-person pairs instead (cosine similarity of its
 embeddings against the real test faces): verification ROC AUC. Data without identity folders gets neither, and
 eval.json says why.
 
-Writes metrics/eval.json and reports/eval_grid.png (rows thermal | generated | real); the run is tracked in MLflow,
-with the camera registration of preprocess (reports/align.json, reports/align_overlay.png).
+Writes metrics/eval.json (naming the generator it scored by sha256) and reports/eval_grid.png (rows thermal |
+generated | real). The register stage logs them to MLflow as the evaluation run, with the camera registration of
+preprocess (reports/align.json, reports/align_overlay.png): DVC always runs that stage, so the store gets the run even
+where DVC skips this one.
 """
 
 import json
@@ -40,8 +43,8 @@ from thermal2visible.metrics import (
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
-from thermal2visible.tracking.store import log_artifact, start_run, training_run_id
-from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, RECOGNIZER
+from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest
+from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, RECOGNIZER
 from thermal2visible.pixels import to_model, unit, with_channels
 
 GRID_FACES = 8
@@ -92,9 +95,10 @@ def evaluate(
 
 
 @torch.inference_mode()
-def identity_scores(faces: dict, identities: list[str], split_by: str) -> dict:
-    """Rank-1 accuracy (test people seen in training) or verification ROC AUC (split_by identity) of the
-    recognizer on `FACES`; a reason instead where the data holds no identities."""
+def identity_scores(faces: dict, identities: list[str], training_people: set[int]) -> dict:
+    """Rank-1 accuracy over the test faces whose person is in the training split (`training_people`, as the split
+    came out, whatever split_by asked for), or, where no test person is, verification ROC AUC; of the recognizer
+    on `FACES`. A reason instead where the data holds no identities."""
     labelled = faces["identity"] >= 0
     if not identities or not labelled.any():
         return {
@@ -103,28 +107,26 @@ def identity_scores(faces: dict, identities: list[str], split_by: str) -> dict:
             "(ROOT/thermal/PERSON/name), so no face can be checked for its person",
         }
     recognizer, _ = load_recognizer(RECOGNIZER, identities)
+    seen = labelled & torch.tensor([int(label) in training_people for label in faces["identity"]])
+    if seen.any():
+        shown = {name: faces[name][seen] for name in FACES}
+        values = {name: rank1_accuracy(recognizer(images), faces["identity"][seen]) for name, images in shown.items()}
+        why = (
+            f"{int(seen.sum())} of {int(labelled.sum())} labelled test faces show people of the training split, so "
+            f"the recognizer names each of those ({1 / len(identities):.3f} = chance)"
+        )
+        return {"score": "rank1_accuracy", "why": why, "faces": int(seen.sum()), **values}
     labels = faces["identity"][labelled]
     shown = {name: faces[name][labelled] for name in FACES}
-    if split_by == "identity":
-        gallery = recognizer.embed(shown["real_visible"])
-        values = {name: verification_auc(recognizer.embed(images), gallery, labels) for name, images in shown.items()}
-        score, why = (
-            "verification_auc",
-            (
-                "split_by identity: no test person was seen in training, so same/different "
-                "person pairs against the real test faces (ROC AUC, 0.5 = chance)"
-            ),
-        )
-    else:
-        values = {name: rank1_accuracy(recognizer(images), labels) for name, images in shown.items()}
-        score, why = (
-            "rank1_accuracy",
-            (
-                f"split_by {split_by}: test people also appear in training, so the "
-                f"recognizer names each test face ({1 / len(identities):.3f} = chance)"
-            ),
-        )
-    return {"score": score, "why": why, "faces": int(labelled.sum()), **values}
+    gallery = recognizer.embed(shown["real_visible"])
+    values = {name: verification_auc(recognizer.embed(images), gallery, labels) for name, images in shown.items()}
+    why = (
+        "no test person appears in the training split, so same/different person pairs against the real test "
+        "faces (ROC AUC, 0.5 = chance)"
+    )
+    if labels.unique().numel() < 2:
+        why += "; the test split holds one person, so there are no different-person pairs and no score"
+    return {"score": "verification_auc", "why": why, "faces": int(labelled.sum()), **values}
 
 
 def main(params: Params) -> None:
@@ -149,37 +151,18 @@ def main(params: Params) -> None:
     # the same frames at full size, in register, through the code that serves them (inference.frames.translate_frame)
     translate = partial(translate_frame, generate, cfg=stored_section("preprocess", payload["preprocess"]))
     results["generator"]["psnr_full_frame"] = full_frame_psnr(translate, raw_pairs(CACHE, "test"))
-    identity = identity_scores(faces, data.identities, data.manifest["preprocess"]["split_by"])
-    report = {"test_images": data.manifest["counts"]["test"], **results, "identity": identity}
+    training_people = set(np.load(array_file(CACHE, "train", "identity")).tolist())
+    identity = identity_scores(faces, data.identities, training_people)
+    report = {
+        "test_images": data.manifest["counts"]["test"],
+        **results,
+        "identity": identity,
+        GENERATOR_DIGEST: file_digest(GENERATOR),
+    }
     EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)
     EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")
     save_grid(grid, EVAL_GRID)
 
-    fingerprint = payload.get("fingerprint")
-    logger = start_run(
-        params,
-        "evaluate",
-        ("mlflow",),
-        dataset_context="evaluation",
-        tags={"fingerprint": str(fingerprint), "train_run_id": str(training_run_id(fingerprint))},
-    )
-    logger.log_metrics(
-        {
-            f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
-            for name, values in results.items()
-            for metric, value in values.items()
-        }
-    )
-    if identity["score"]:
-        logger.log_metrics(
-            {f"identity_{identity['score']}_{name}": identity[name] for name in FACES if identity[name] is not None}
-        )
-    for path in (EVAL_METRICS, EVAL_GRID):
-        log_artifact(logger, path)
-    for path in (ALIGN_REPORT, ALIGN_OVERLAY):  # absent beside a cache made by hand, outside the preprocess stage
-        if path.is_file():
-            log_artifact(logger, path)
-    logger.finalize("success")
     ours, mean_face, thermal = (
         results[name]["psnr"] for name in ("generator", "baseline_mean_image", "baseline_thermal")
     )

@@ -29,6 +29,7 @@ from thermal2visible.inference.session import onnx_session, run_onnx
 from thermal2visible.metrics import psnr
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.data.cache import array_file, load_manifest
+from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest
 from thermal2visible.paths import CACHE, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, ONNX_INT8
 from thermal2visible.pixels import from_model
 
@@ -82,6 +83,7 @@ def main(params: Params) -> None:
         "parity_passed": True,
         "opset": params.export.opset,
         "size_bytes": ONNX.stat().st_size,
+        GENERATOR_DIGEST: file_digest(GENERATOR),  # what register checks the export against
     }
     latencies = {
         "onnxruntime": median_latency_ms(lambda x: run_onnx(session, x), one),

@@ -1,10 +1,16 @@
-"""register: models/generator.onnx -> a new version of `register.model_name` in the MLflow registry.
+"""register: the MLflow store holds what DVC's record says, and models/generator.onnx is a version of the
+dataset's registered model.
 
-The version becomes `champion` when the export's parity check passed and, scored on this cache's test frames
-at full size by the same code (inference.frames.translate_frame), it is at least as good as the current champion
-scored on the same frames (when the champion was trained on other data: on those of the frames it never trained on);
-otherwise `challenger`. Both scores and what they were taken on go on the version as tags and into
-metrics/register.json. The cache manifest is packed with the version: the record of what it trained on.
+DVC runs this stage every time (`always_changed`): its effect lives in the store the user points at, which DVC
+cannot see. It adds only what is missing, each found by the content it describes (tracking.publish):
+the run that trained models/generator.pt, the evaluation run of metrics/eval.json, and a version holding this
+.onnx file (found by its sha256: a second run adds none). A new version's registered model is
+`register.model_name` (`auto`: one per dataset, inference.registry.registered_model_name); it becomes
+`champion` when the export's parity check passed and, scored on this cache's test frames at full size by the same
+code (inference.frames.translate_frame), it is at least as good as the current champion scored on the same frames
+(when the champion was trained on other data: on those of the frames it never trained on); otherwise `challenger`.
+Both scores and what they were taken on go on the version as tags. The cache manifest is packed with the version:
+the record of what it trained on. What the store holds now is written to reports/registered.json.
 Tracking server: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in this folder.
 """
 
@@ -17,6 +23,7 @@ from pathlib import Path
 
 import mlflow
 import mlflow.pyfunc
+from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from thermal2visible.cli import run_stage
@@ -25,20 +32,19 @@ from thermal2visible.config import Params
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.metrics import full_frame_psnr
-from thermal2visible.inference.registry import register
+from thermal2visible.inference.registry import (
+    ONNX_DIGEST,
+    Registered,
+    current_alias,
+    register,
+    registered_model_name,
+    registered_version,
+)
 from thermal2visible.inference.serving import ThermalToVisible
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
-from thermal2visible.tracking.store import data_hash, git_tags, tracking_uri, training_run_id
-from thermal2visible.paths import CACHE, ONNX, EVAL_METRICS, EXPORT_METRICS, REGISTER_METRICS, MANIFEST
-
-
-def read_metrics(path: Path, stage: str) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: missing (run the {stage} stage first)") from None
-    except json.JSONDecodeError as error:
-        raise PipelineError(f"{path}: not valid JSON ({error})") from None
+from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run, read_record
+from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, git_tags, tracking_uri
+from thermal2visible.paths import CACHE, EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, REGISTERED
 
 
 class TestFrames:
@@ -105,25 +111,57 @@ def trained_manifest(cache: Path, data_hash_of_model: str | None) -> Path:
 def main(params: Params) -> None:
     if not ONNX.is_file():
         raise PipelineError(f"{ONNX}: no exported model (run the export stage first)")
-    exported = read_metrics(EXPORT_METRICS, "export")
-    test_psnr = read_metrics(EVAL_METRICS, "evaluate").get("generator", {}).get("psnr")
+    exported = read_record(EXPORT_METRICS)
+    generator = file_digest(GENERATOR)
+    if exported.get(GENERATOR_DIGEST) != generator:
+        raise PipelineError(f"{ONNX}: exported from another generator than {GENERATOR} (run the export stage)")
+    test_psnr = read_record(EVAL_METRICS).get("generator", {}).get("psnr")
     if type(test_psnr) not in (int, float):
         raise PipelineError(f"{EVAL_METRICS}: no number at generator.psnr (the evaluate stage writes it)")
+    name = registered_model_name(params)
+    mlflow.set_tracking_uri(tracking_uri())
+    training_run = ensure_training_run(params)
+    evaluation_run = ensure_evaluation_run(params, training_run)
+    onnx_digest = file_digest(ONNX)
+    existing = registered_version(MlflowClient(), name, onnx_digest)
+    if existing is None:
+        result = register_new(params, name, exported, test_psnr, training_run, evaluation_run, onnx_digest)
+        version, alias, gate = result.version, result.alias, result.gate
+    else:
+        gate = {key.removeprefix("gate_"): value for key, value in existing.tags.items() if key.startswith("gate_")}
+        version = int(existing.version)
+        alias = current_alias(MlflowClient(), name, existing.version)
+        print(f"register: {ONNX} is {name} version {version} already (@{alias}); nothing added")
+    summary = {"model_name": name, "version": version, "alias": alias, "test_psnr": test_psnr, "gate": gate}
+    REGISTERED.parent.mkdir(parents=True, exist_ok=True)
+    REGISTERED.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def register_new(
+    params: Params,
+    name: str,
+    exported: dict,
+    test_psnr: float,
+    training_run: str,
+    evaluation_run: str,
+    onnx_digest: str,
+) -> Registered:
     metadata = onnx_metadata(onnx_session(ONNX))
     git = git_tags()
-    parity_error = exported.get("parity_max_abs_error", float("nan"))
-    mlflow.set_tracking_uri(tracking_uri())
     result = register(
         ONNX,
-        name=params.register.model_name,
+        name=name,
         experiment=params.mlflow.experiment,
         test_psnr=test_psnr,
-        parity_passed=parity_error <= params.export.atol,
+        parity_passed=exported.get("parity_max_abs_error", float("nan")) <= params.export.atol,
         metrics={key: float(value) for key, value in exported.items() if type(value) in (int, float)},
         lineage={
-            "training_run_id": training_run_id(metadata.get("fingerprint")),
+            "training_run_id": training_run,
+            "evaluation_run_id": evaluation_run,
             "fingerprint": metadata.get("fingerprint"),
             "data_hash": metadata.get("data_hash"),
+            ONNX_DIGEST: onnx_digest,
+            GENERATOR_DIGEST: exported[GENERATOR_DIGEST],
             "git_commit": git.get("mlflow.source.git.commit"),
             "git_dirty": git.get("git_dirty"),
         },
@@ -132,16 +170,6 @@ def main(params: Params) -> None:
         training_manifest=trained_manifest(CACHE, metadata.get("data_hash")),
         frames=TestFrames(CACHE),
     )
-    summary = {
-        "model_name": result.name,
-        "version": result.version,
-        "alias": result.alias,
-        "test_psnr": test_psnr,
-        "champion_psnr_before": result.champion_psnr_before,
-        "gate": result.gate,
-    }
-    REGISTER_METRICS.parent.mkdir(parents=True, exist_ok=True)
-    REGISTER_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
     gate = result.gate
     compared = (
         f"full-frame test PSNR {gate['new_psnr']:.2f} dB against champion version {gate['champion_version']}"
@@ -150,6 +178,7 @@ def main(params: Params) -> None:
         else gate["basis"]
     )
     print(f"registered {result.name} version {result.version} as @{result.alias} ({compared})")
+    return result
 
 
 if __name__ == "__main__":

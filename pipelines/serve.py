@@ -1,8 +1,10 @@
 """Serve a registered model over REST on params.yaml's serve.host and serve.port: `mlflow models serve`, no more.
 
-    python pipelines/serve.py [--model models:/thermal2visible@champion]
+    python pipelines/serve.py [--model models:/thermal2visible-portrait@champion] [--set serve.port=5002]
 
-(`make serve` runs it.) The request limits (serve.max_pixels, serve.max_model_pixels) travel inside the model."""
+(`make serve [PORT=5002] [MODEL=...]` runs it.) The default model is the champion of the registered model that
+params.yaml's data go to (inference.registry.registered_model_name). The request limits (serve.max_pixels,
+serve.max_model_pixels) travel inside the model."""
 
 from __future__ import annotations
 
@@ -11,40 +13,25 @@ import os
 import shutil
 import sys
 
-from thermal2visible.config import load_params
-from thermal2visible.errors import ConfigError
-from thermal2visible.inference.registry import CHAMPION
+from thermal2visible.cli import run_stage
+from thermal2visible.config import Params
+from thermal2visible.inference.registry import CHAMPION, registered_model_name
 
 
-def main() -> None:
-    try:
-        params = load_params()
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--model",
-        default=f"models:/{params.register.model_name}@{CHAMPION}",
-        help="MLflow model URI (default: %(default)s)",
-    )
-    args = parser.parse_args()
+def main(params: Params, args: argparse.Namespace) -> None:
+    model = args.model or f"models:/{registered_model_name(params)}@{CHAMPION}"
     mlflow = shutil.which("mlflow") or sys.exit("error: no `mlflow` on PATH: activate the project's venv")
-    command = [
-        mlflow,
-        "models",
-        "serve",
-        "-m",
-        args.model,
-        "--env-manager",
-        "local",
-        "-h",
-        params.serve.host,
-        "-p",
-        str(params.serve.port),
-    ]
+    command = [mlflow, "models", "serve", "-m", model, "--env-manager", "local"]
+    command += ["-h", params.serve.host, "-p", str(params.serve.port)]
     print(" ".join(command), flush=True)
     os.execv(mlflow, command)
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(
+        main,
+        description=__doc__.splitlines()[0],
+        arguments=lambda parser: parser.add_argument(
+            "--model", help="MLflow model URI (default: the champion of the data's registered model)"
+        ),
+    )

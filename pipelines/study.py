@@ -1,5 +1,7 @@
 """The paper's studies as one command each: every configuration a real `pipelines/train.py` run, all of them child
-runs of one MLflow parent run, summarised in reports/study/<study>.md (+ .png, .json).
+runs of one MLflow parent run, summarised in a new reports/study/<date>-<study>.md (+ .png, .json; -2, -3, ... when
+the day's name is taken), so a study never writes over an earlier one; `--out DIR` writes DIR/<study>.md (+ .png,
+.json) instead, replacing what is there.
 
   --study batch  Table 1: stop epoch and best smoothed PSNR per batch size (constant learning rate)
   --study lr     Fig. 7: learning-rate scaling none / sqrt(k) / k at batch 4 (k = batch / train.base_batch_size)
@@ -19,13 +21,15 @@ commit and never rewrites params.yaml, so a study runs in a working tree that ot
 `--preset` and `--set` overrides apply to every child, e.g. the paper's GPU setup: --preset params/paper_gpu.yaml
 --values 1 2 4 8 16 32 64 128 256. `--quick` (params/quick_study.yaml) shrinks everything to a few CPU minutes.
 Usage: python pipelines/study.py --study {batch,lr,speed,quality} [--quick] [--values ...] [--seeds ...]
-       [--minutes M] [--preset FILE] [--set k=v ...]
+       [--minutes M] [--preset FILE] [--set k=v ...] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import itertools
 import json
 import statistics
 import sys
@@ -67,6 +71,18 @@ QUALITY_CHANGES = {
     "ResNet generator": ("model.generator=resnet",),
 }
 GRID_FACES = 8
+
+
+def report_stem(study: str, out: Path | None) -> Path:
+    """Where a study's files go, without suffix and figure name: DIR/<study> for `--out DIR` (the user's choice,
+    replaced), else a new reports/study/<today>-<study>[-N] whose files do not exist yet."""
+    if out is not None:
+        return out / study
+    today = datetime.date.today().isoformat()
+    for number in itertools.count(1):
+        stem = STUDY_REPORTS / (f"{today}-{study}" if number == 1 else f"{today}-{study}-{number}")
+        if not any(Path(f"{stem}{end}").exists() for end in (".md", ".json", ".png", "_grid.png")):
+            return stem
 
 
 def markdown(header: list[str], rows: list[list]) -> str:
@@ -312,7 +328,12 @@ def main() -> None:
     parser.add_argument("--params", type=Path, default=PARAMS)
     parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="FILE")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=STUDY_REPORTS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"write DIR/<study>.md (+ .png, .json), replacing them (default: new dated files in {STUDY_REPORTS})",
+    )
     args = parser.parse_args()
     overrides = [
         *(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()),
@@ -365,18 +386,20 @@ def main() -> None:
             table, figures = speed_study(run, values, args.workers)
         else:
             table, figures = quality_study(run, args.seeds, args.minutes, cache, Path(work), params.loader)
-        args.out.mkdir(parents=True, exist_ok=True)
-        report = args.out / f"{args.study}.md"
+        stem = report_stem(args.study, args.out)
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        report = Path(f"{stem}.md")
         report.write_text(
             f"# Study: {args.study}\n\nOverrides: `{' '.join(overrides) or 'none'}`; MLflow parent run "
             f"`{parent.info.run_id}`.\n\n{table}"
         )
-        pictures = [args.out / f"{stem}.png" for stem in figures]
+        # a figure named after the study takes the report's name; quality_grid: <stem>_grid.png
+        pictures = [Path(f"{stem}{name.removeprefix(args.study)}.png") for name in figures]
         for figure, path in zip(figures.values(), pictures):
             figure.tight_layout()
             figure.savefig(path, dpi=110)
-        (args.out / f"{args.study}.json").write_text(json.dumps(children, indent=1) + "\n")
-        for path in (report, *pictures, args.out / f"{args.study}.json"):
+        Path(f"{stem}.json").write_text(json.dumps(children, indent=1) + "\n")
+        for path in (report, *pictures, Path(f"{stem}.json")):
             mlflow.log_artifact(str(path))
     print(table)
     print(f"wrote {report} and {', '.join(map(str, pictures))}")

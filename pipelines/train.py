@@ -3,7 +3,7 @@
 Writes models/generator.pt (the generator of the best smoothed-PSNR epoch), metrics/train.json (the stopping
 decision and the run's fingerprint), metrics/psnr.csv, reports/psnr_curve.png: a pure function of code, params, data
 and the machine's kind, so a rerun reproduces them byte for byte. The MLflow run id and wall-clock seconds go to
-MLflow only (the run is found by its `fingerprint` tag: tracking.store.training_run_id). Resume state stays in
+MLflow only (the run is found by its `generator_sha256` tag: tracking.publish). Resume state stays in
 checkpoints/ (last.ckpt + best_generator.pt), which is no DVC output: it never travels through a DVC remote, and
 a teammate's `dvc pull` leaves nothing to retrain. models/generator.pt is written only when training ends normally.
 Under DDP (train.devices x train.num_nodes > 1) every process runs this script; only rank 0 writes files or logs.
@@ -27,9 +27,11 @@ from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.payloads import load_recognizer
 from thermal2visible.tracking.exactly_once import CheckpointedMLFlowLogger, MetricsInCheckpoint
 from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
-from thermal2visible.tracking.store import data_hash, log_artifact, start_run
+from thermal2visible.tracking.publish import TRAINING_SECTIONS
+from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, log_artifact, start_run
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
+from thermal2visible.training.progress import EpochLine
 from thermal2visible.training.precision import resolve_accelerator, resolve_channels_last, resolve_precision
 from thermal2visible.training.resume import checkpointing, find_resume, last_checkpoint, run_fingerprint
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
@@ -44,8 +46,6 @@ from thermal2visible.paths import (
     RECOGNIZER,
     TRAIN_METRICS,
 )
-
-LOGGED_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")
 
 
 def identity_recognizer(params: Params, identities: list[str]):
@@ -107,7 +107,7 @@ def main(params: Params) -> None:
     logger = start_run(
         params,
         "train",
-        LOGGED_SECTIONS,
+        TRAINING_SECTIONS,
         run_id=run_id,
         logger_class=CheckpointedMLFlowLogger,
         dataset_context="training",
@@ -135,6 +135,7 @@ def main(params: Params) -> None:
         logger=logger,
         callbacks=[
             stop,
+            EpochLine(stop),
             ImageGridLogger(t.image_log_every),
             MetricsInCheckpoint(logger),
             *checkpointing(CHECKPOINTS, fingerprint, logger.run_id),
@@ -174,6 +175,9 @@ def main(params: Params) -> None:
     summary = write_outputs(stop, fingerprint)
     # a tag, not a metric: every metric of the run is a per-epoch curve (the Trainer has finalized the logger anyway)
     logger.experiment.set_tag(logger.run_id, "train_seconds", f"{seconds:.1f}")
+    # what the register stage finds this run by: the weights it wrote, not its settings (a torchrun job and a DVC
+    # run of the same params.yaml write different weights under one fingerprint)
+    logger.experiment.set_tag(logger.run_id, GENERATOR_DIGEST, file_digest(GENERATOR))
     for path in (GENERATOR, PSNR_CURVE, PSNR_CSV):
         log_artifact(logger, path)
     print(

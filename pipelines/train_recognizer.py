@@ -7,6 +7,7 @@ a notice): the pipeline still runs, and training refuses train.lambda_id > 0 wit
 
 import json
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule, Trainer, seed_everything
@@ -14,6 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from thermal2visible.cli import run_stage
 from thermal2visible.config import Params
+from thermal2visible.data.cache import array_file
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.payloads import save_recognizer
 from thermal2visible.models.recognizer import IdentityRecognizer
@@ -52,7 +54,7 @@ def write(identities: list[str], model: IdentityRecognizer | None, metrics: dict
 
 def main(params: Params) -> None:
     cfg = params.recognizer
-    data = PairedDataModule(CACHE, cfg.batch_size, params.loader)
+    data = PairedDataModule(CACHE, cfg.batch_size, params.loader, batch_key="recognizer.batch_size")
     identities = data.identities
     if not identities:
         write([], None, {"identities": 0, "val_accuracy": None})
@@ -62,9 +64,10 @@ def main(params: Params) -> None:
     model = IdentityRecognizer(data.visible_channels, len(identities), cfg.width)
     logger = start_run(params, "train_recognizer", ("preprocess", "loader", "recognizer"), dataset_context="training")
     task = RecognizerTask(model, len(identities), cfg.lr)
-    # Validation faces are new photos of the training people only when the split is random;
-    # split_by identity holds whole people out, whom a classifier of the training people cannot name.
-    validate = params.preprocess.split_by == "random" and data.manifest["counts"]["val"] > 0
+    # A classifier of the training people can only be checked on validation faces of those people: the split as it
+    # came out decides (split_by identity holds whole people out; so does a sequence that holds one person).
+    people = {split: set(np.load(array_file(CACHE, split, "identity")).tolist()) for split in ("train", "val")}
+    validate = bool(people["val"]) and people["val"] <= people["train"]
     trainer = Trainer(
         max_epochs=cfg.epochs,
         accelerator=resolve_accelerator(params.train.accelerator),
@@ -91,7 +94,14 @@ def main(params: Params) -> None:
     }
     write(identities, model, metrics)
     log_artifact(logger, RECOGNIZER)
-    accuracy = "n/a (split_by identity)" if metrics["val_accuracy"] is None else f"{metrics['val_accuracy']:.3f}"
+    accuracy = (
+        f"{metrics['val_accuracy']:.3f}"
+        if metrics["val_accuracy"] is not None
+        else "not measured (no validation faces)"
+        if not people["val"]
+        else f"not measured (preprocess.split_by {params.preprocess.split_by} put people in the validation split "
+        "whom the training split does not hold)"
+    )
     print(f"train_recognizer: {len(identities)} identities, validation accuracy {accuracy}; {RECOGNIZER} written")
 
 

@@ -91,14 +91,13 @@ def tiny_cache(tmp_path_factory) -> Path:
     return work / "cache"
 
 
-@pytest.fixture
-def project_copy(tmp_path) -> Path:
-    """A fresh git + DVC repo holding the project's pipeline files and tiny params, as a user's clone would."""
-    repo = tmp_path / "project"
-    repo.mkdir()
+def make_project(repo: Path) -> Path:
+    """A fresh git + DVC repo at `repo` holding the project's pipeline files and tiny params, as a user's clone
+    would."""
+    repo.mkdir(parents=True)
     for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore"):
         shutil.copy(REPO / name, repo / name)
-    for name in ("pipelines", "src"):
+    for name in ("pipelines", "src", "params", "examples"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     _write_params(repo)
     dvc = str(Path(sys.executable).with_name("dvc"))
@@ -112,6 +111,11 @@ def project_copy(tmp_path) -> Path:
     ):
         subprocess.run(command, cwd=repo, check=True, capture_output=True)
     return repo
+
+
+@pytest.fixture
+def project_copy(tmp_path) -> Path:
+    return make_project(tmp_path / "project")
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,7 @@ is never asserted here: that is the benchmarks' job."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,12 +126,12 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
         *("--report", "train_step_small"),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert sorted(path.name for path in (tmp_path / "reports").iterdir()) == [
-        "train_step_small.json",
-        "train_step_small.md",
-        "train_step_small.png",
-    ]
-    report = json.loads((tmp_path / "reports" / "train_step_small.json").read_text())
+    results = tmp_path / "benchmarks" / "results"
+    names = sorted(path.name for path in results.iterdir())
+    stem = names[0].removesuffix(".json")
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-train_step_small", stem)  # a new dated result
+    assert names == [f"{stem}.json", f"{stem}.md", f"{stem}.png"]
+    report = json.loads((results / f"{stem}.json").read_text())
     (result,) = report["results"]
     assert result["summary"]["rounds"] == 2 and len(result["records"]) == 6
     for figures in (
@@ -141,7 +142,27 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     figures = result["summary"]["configs"]["default"]
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
     assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
-    assert (tmp_path / "reports" / "train_step_small.png").stat().st_size > 0
+    assert (results / f"{stem}.png").stat().st_size > 0
+
+
+def test_a_run_writes_a_new_dated_result_and_replaces_a_file_only_at_a_path_it_is_given(tmp_path, monkeypatch):
+    from benchmarks.common import RESULTS, result_file, result_stem, write_report
+
+    monkeypatch.chdir(tmp_path)
+    first = result_stem("layers")
+    assert first.parent == RESULTS and re.fullmatch(r"\d{4}-\d{2}-\d{2}-layers", first.name)
+    write_report(first, {"run": 1})
+    second = result_stem("layers")  # the day's name is taken, by any of a run's files: the next number
+    assert second.name == f"{first.name}-2"
+    result_file(second, ".png").write_bytes(b"png")
+    assert result_stem("layers").name == f"{first.name}-3"
+    assert json.loads((tmp_path / f"{first}.json").read_text())["run"] == 1  # never written over
+    # an explicit path is the user's choice: exactly there, replacing what is there
+    assert result_stem("layers", tmp_path / "mine.json") == tmp_path / "mine"
+    assert result_stem("layers", tmp_path / "mine") == tmp_path / "mine"
+    write_report(result_stem("layers", tmp_path / "mine.json"), {"run": 2})
+    write_report(result_stem("layers", tmp_path / "mine.json"), {"run": 3})
+    assert json.loads((tmp_path / "mine.json").read_text())["run"] == 3
 
 
 def test_time_to_quality_stops_by_the_params_rule_unless_told_otherwise(tmp_path):

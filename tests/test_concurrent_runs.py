@@ -7,7 +7,7 @@ timeout, so 64 processes x 50 `log_metric` and 32 processes x 50 `log_batch` of 
 locked" (the client raises; those metrics are lost). An `mlflow server` in front of SQLite does worse at that
 extreme (its SQLAlchemy pool of 5 + 10 connections runs dry: "QueuePool limit ... reached", answered 400, which
 the client does not retry); PostgreSQL takes 48 x 10 x 1000 metrics without an error. SQLite is for one person,
-a tracking server on PostgreSQL for a team or a cluster (README, "Team server").
+a tracking server on PostgreSQL for a team or a cluster (docs/team.md).
 """
 
 from __future__ import annotations

@@ -83,6 +83,7 @@ def test_dvc_yaml_writes_where_the_code_writes():
         paths.PARAMS,
         paths.PAPER_GPU,
         paths.CAMERA,
+        paths.REGISTERED,
     )
     written = {
         str(value) for value in vars(paths).values() if isinstance(value, Path) and value not in not_stage_outputs

@@ -12,6 +12,7 @@ def test_concurrent_clients_get_every_answer(tmp_path, run_benchmark):
         "load", tmp_path, "--clients", "4", "--requests", "20", "--size", "32", "--ngf", "8", timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    figures = json.loads((tmp_path / "reports" / "load.json").read_text())
+    (result,) = (tmp_path / "benchmarks" / "results").glob("*-load.json")  # a new dated result
+    figures = json.loads(result.read_text())
     assert figures["requests"] == 80 and figures["errors"] == 0 and len(figures["latencies_ms"]) == 80
-    assert (tmp_path / "reports" / "load.png").stat().st_size > 0
+    assert result.with_suffix(".png").stat().st_size > 0

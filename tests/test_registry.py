@@ -18,7 +18,7 @@ from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
 from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server
-from tiny_model import export_tiny
+from tiny_model import export_tiny, write_stage_record
 
 from thermal2visible.config import load_params
 from thermal2visible.data.cache import build_cache
@@ -195,62 +195,76 @@ def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
     assert "the input's width x height, in register" in info.metadata["output"]  # what the strings hold, for a reader
 
 
-def run_register_stage(project: Path, tracking_uri: str, psnr: float) -> subprocess.CompletedProcess:
-    (project / "metrics" / "eval.json").write_text(json.dumps({"generator": {"psnr": psnr, "ssim": 0.5}}))
-    return subprocess.run(
+def run_register_stage(project: Path, tracking_uri: str, models: Path, psnr: float) -> subprocess.CompletedProcess:
+    write_stage_record(project, models, psnr, parity_error=2e-7)
+    result = subprocess.run(
         [sys.executable, str(REGISTER), "--params", str(ROOT / "params.yaml"), "--set", "register.model_name=staged"],
         cwd=project,
         capture_output=True,
         text=True,
         env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"},
     )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def registered(project: Path) -> dict:
+    return json.loads((project / "reports" / "registered.json").read_text())
 
 
 def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path, write_params):
-    (tmp_path / "models").mkdir()
-    (tmp_path / "metrics").mkdir()
     shutil.copytree(tiny_cache, tmp_path / "data" / "cache")
-    shutil.copy(onnx_model, tmp_path / "models" / "generator.onnx")
-    (tmp_path / "metrics" / "export.json").write_text(json.dumps({"parity_max_abs_error": 2e-7, "size_bytes": 1}))
-
-    first = run_register_stage(tmp_path, tracking_uri, 22.0)
-    assert first.returncode == 0, first.stderr
-    assert json.loads((tmp_path / "metrics" / "register.json").read_text()) == {
+    run_register_stage(tmp_path, tracking_uri, onnx_model.parent, 22.0)
+    assert registered(tmp_path) == {
         "model_name": "staged",
         "version": 1,
         "alias": CHAMPION,
         "test_psnr": 22.0,
-        "champion_psnr_before": None,
         "gate": {"basis": "no champion yet"},
     }
+    client = MlflowClient(tracking_uri)
+    version = client.get_model_version("staged", "1")
+    training = client.get_run(version.run_id)  # logged from the record: this store never saw the training
+    assert training.info.run_name == "train" and training.data.tags["logged_from"] == "dvc record"
+    assert version.tags["training_run_id"] == version.run_id
+    assert training.data.tags["generator_sha256"] == version.tags["generator_sha256"]
+    evaluation = client.get_run(version.tags["evaluation_run_id"])
+    assert evaluation.data.metrics["test_psnr"] == 22.0 and evaluation.data.tags["train_run_id"] == version.run_id
 
-    # The same model with a lower stored PSNR: on the same frames it ties with the champion, so it moves the alias.
-    second = run_register_stage(tmp_path, tracking_uri, 21.0)
-    assert second.returncode == 0, second.stderr
-    summary = json.loads((tmp_path / "metrics" / "register.json").read_text())
-    assert (summary["version"], summary["alias"], summary["champion_psnr_before"]) == (2, CHAMPION, 22.0)
-    gate = summary["gate"]
+    # The same files again: the store holds them already, so nothing is added.
+    again = run_register_stage(tmp_path, tracking_uri, onnx_model.parent, 22.0)
+    assert "version 1 already (@champion); nothing added" in again.stdout
+    assert registered(tmp_path)["version"] == 1 and len(client.search_model_versions("name = 'staged'")) == 1
+    experiment = [client.get_experiment_by_name("thermal2visible").experiment_id]
+    trainings = f"attributes.run_name = 'train' and tags.generator_sha256 = '{version.tags['generator_sha256']}'"
+    assert len(client.search_runs(experiment, trainings)) == 1
+
+    # Another model of the same data: both are scored on the same frames by the same code.
+    other = export_tiny(tmp_path / "other_model", tiny_cache, seed=1).parent
+    second = run_register_stage(tmp_path, tracking_uri, other, 21.0)
+    gate = registered(tmp_path)["gate"]
+    assert registered(tmp_path)["version"] == 2
     assert gate["basis"] == "same test set, same code" and gate["champion_version"] == 1
-    assert gate["new_psnr"] == gate["champion_psnr"] > 5 and gate["data_hash_differs"] is False
+    assert gate["new_psnr"] > 5 and gate["champion_psnr"] > 5 and gate["data_hash_differs"] is False
+    assert registered(tmp_path)["alias"] == (CHAMPION if gate["new_psnr"] >= gate["champion_psnr"] else CHALLENGER)
     assert "full-frame test PSNR" in second.stdout
+    champion = client.get_registered_model("staged").aliases[CHAMPION]
 
     # A model trained on a new split of the same pictures: some of its test frames are the champion's training ones.
     resplit = resplit_cache(tiny_cache, tmp_path / "resplit", write_params)
     shutil.rmtree(tmp_path / "data" / "cache")
     shutil.copytree(resplit, tmp_path / "data" / "cache")
-    shutil.copy(export_tiny(tmp_path / "resplit_model", resplit), tmp_path / "models" / "generator.onnx")
-    third = run_register_stage(tmp_path, tracking_uri, 21.0)
-    assert third.returncode == 0, third.stderr
+    third = run_register_stage(tmp_path, tracking_uri, export_tiny(tmp_path / "resplit_model", resplit).parent, 21.0)
     old, new = (json.loads((cache / MANIFEST).read_text())["sources"] for cache in (tiny_cache, resplit))
     seen = {digest for source in old if source["split"] != "test" for digest in source["sha256"].values()}
     unseen = [source for source in new if source["split"] == "test" and not set(source["sha256"].values()) & seen]
     assert 0 < len(unseen) < sum(source["split"] == "test" for source in new)  # the case this test is about
-    gate = json.loads((tmp_path / "metrics" / "register.json").read_text())["gate"]
+    gate = registered(tmp_path)["gate"]
     assert gate["data_hash_differs"] is True and gate["frames"] == len(unseen)
     assert gate["basis"] == "the new test frames the champion never trained on, same code"
     assert f"on {len(unseen)} frames" in third.stdout
-    tags = MlflowClient(tracking_uri).get_model_version("staged", "3").tags
-    assert tags["gate_data_hash_differs"] == "true" and tags["gate_champion_version"] == "2"
+    tags = client.get_model_version("staged", "3").tags
+    assert tags["gate_data_hash_differs"] == "true" and tags["gate_champion_version"] == str(champion)
 
 
 def resplit_cache(tiny_cache: Path, folder: Path, write_params) -> Path:
@@ -273,7 +287,7 @@ def test_register_stage_needs_evaluation(tracking_uri, onnx_model, tmp_path):
         env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri},
     )
     assert result.returncode == 1
-    assert result.stderr.strip() == "error: metrics/export.json: missing (run the export stage first)"
+    assert result.stderr.strip() == "error: metrics/export.json: missing (dvc repro runs the stage that writes it)"
 
 
 # thermal kind -> (one frame of it, its file format, the normalisation a user of such frames trains with)

@@ -291,7 +291,7 @@ def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(
 
 
 def test_translate_cli_with_the_registered_champion(url, tracking_uri, tmp_path):
-    """The README's batch command, `--model models:/...@champion`, writes what REST answers."""
+    """docs/serving.md's batch command, `--model models:/...@champion`, writes what REST answers."""
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "frame.png").write_bytes(base64.b64decode(FRAMES[0]))
     done = subprocess.run(

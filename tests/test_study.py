@@ -1,5 +1,7 @@
 """pipelines/study.py end to end on tiny data: real child training runs, one MLflow parent, a markdown table."""
 
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,14 +50,16 @@ def test_quick_batch_study_logs_children_under_one_parent_and_writes_the_table(
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
+    (report,) = (tmp_path / "reports" / "study").glob("*-batch.md")  # a new dated report
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-batch\.md", report.name)
     rows = [
         line.split("|")[1:-1]
-        for line in (tmp_path / "reports" / "study" / "batch.md").read_text().splitlines()
+        for line in report.read_text().splitlines()
         if line.startswith("| ") and not line.startswith("| batch")
     ]
     assert [row[0].strip() for row in rows] == ["2", "4"]
     assert all(float(row[3]) > 0 for row in rows)  # best smoothed PSNR in dB
-    assert (tmp_path / "reports" / "study" / "batch.png").stat().st_size > 10_000
+    assert report.with_suffix(".png").stat().st_size > 10_000
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
@@ -103,18 +107,19 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
+    (report,) = (tmp_path / "reports" / "study").glob("*-quality.md")  # a new dated report
     rows = {
         row[0].strip(): row
         for row in (
             [cell for cell in line.split("|")[1:-1]]
-            for line in (tmp_path / "reports" / "study" / "quality.md").read_text().splitlines()
+            for line in report.read_text().splitlines()
             if line.startswith("| ")
         )
     }
     assert list(rows)[1:] == ["default", "multi-scale D", "feature matching", "ResNet generator", "best combination"]
     assert all(float(rows[name][3]) > 0 for name in list(rows)[1:])  # mean test PSNR in dB
-    for picture in ("quality.png", "quality_grid.png"):
-        assert (tmp_path / "reports" / "study" / picture).stat().st_size > 10_000
+    for picture in (".png", "_grid.png"):
+        assert report.with_name(report.stem + picture).stat().st_size > 10_000
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
@@ -131,3 +136,16 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
     assert children["quality: multi-scale D seed 3"]["model.discriminator_scales"] == "2"
     assert children["quality: feature matching seed 3"]["train.lambda_feat"] == "10.0"
     assert children["quality: default seed 3"]["model.generator"] == "unet"
+
+
+def test_a_study_writes_new_dated_files_and_replaces_files_only_under_out(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("study_script", REPO / "pipelines" / "study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    monkeypatch.chdir(tmp_path)
+    first = study.report_stem("quality", None)
+    assert first.parent == Path("reports/study") and re.fullmatch(r"\d{4}-\d{2}-\d{2}-quality", first.name)
+    first.parent.mkdir(parents=True)
+    Path(f"{first}_grid.png").write_bytes(b"png")  # any of a study's files takes the day's name
+    assert study.report_stem("quality", None).name == f"{first.name}-2"
+    assert study.report_stem("quality", tmp_path / "mine") == tmp_path / "mine" / "quality"  # asked for: replaced

@@ -1,4 +1,4 @@
-"""The team setup of the README: a throwaway PostgreSQL cluster, a real `mlflow server` on it, and the pipeline's
+"""The team setup of docs/team.md: a throwaway PostgreSQL cluster, a real `mlflow server` on it, and the pipeline's
 register stage pointed at the server by MLFLOW_TRACKING_URI; then the same stage straight at PostgreSQL with a
 password in the URI, which must appear in no output, param or tag.
 
@@ -22,11 +22,12 @@ import pytest
 from mlflow import MlflowClient
 from thermal2visible.paths import CACHE
 from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env
-from tiny_model import export_tiny
+from tiny_model import export_tiny, write_stage_record
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "team-s3cret-pw"
+NAME = "thermal2visible-portrait"  # register.model_name auto, for the built-in portrait scene
 BINARIES = sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)  # Debian/Ubuntu keep them off PATH
 PG_BIN = Path(BINARIES[0]) if BINARIES else Path(shutil.which("pg_ctl") or "/nonexistent").parent
 
@@ -101,10 +102,7 @@ def project_ready_to_register(root: Path, tiny_cache: Path, write_params) -> Pat
     write_params(root)
     (root / CACHE).parent.mkdir()
     (root / CACHE).symlink_to(tiny_cache)
-    export_tiny(root / "models", tiny_cache)
-    (root / "metrics").mkdir()
-    (root / "metrics" / "export.json").write_text(json.dumps({"parity_max_abs_error": 0.0}))
-    (root / "metrics" / "eval.json").write_text(json.dumps({"generator": {"psnr": 21.5}}))
+    write_stage_record(root, export_tiny(root / "exported", tiny_cache).parent, test_psnr=21.5)
     return root
 
 
@@ -122,20 +120,20 @@ def register_stage(project: Path, tracking_uri: str, *args: str) -> subprocess.C
 @pytest.mark.timeout(400)
 def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, tiny_cache, write_params):
     project = project_ready_to_register(tmp_path / "project", tiny_cache, write_params)
-    # The README's recipe: the password in PGPASSWORD (or ~/.pgpass), not in the URI that `ps` shows everyone.
+    # docs/team.md's recipe: the password in PGPASSWORD (or ~/.pgpass), not in the URI that `ps` shows everyone.
     database = f"postgresql://mlflow@127.0.0.1:{postgres}/mlflow"
     artifacts = ("--artifacts-destination", str(tmp_path / "artifacts"))
     log = tmp_path / "mlflow-server.log"
     with mlflow_app("server", database, log, *artifacts, PGPASSWORD=PASSWORD) as tracking_uri:
         done = register_stage(project, tracking_uri)
         assert done.returncode == 0, done.stderr
-        assert "registered thermal2visible version 1 as @champion" in done.stdout
+        assert f"registered {NAME} version 1 as @champion" in done.stdout
         client = MlflowClient(tracking_uri)
-        version = client.get_model_version_by_alias("thermal2visible", "champion")
+        version = client.get_model_version_by_alias(NAME, "champion")
         assert int(version.version) == 1 and version.tags["test_psnr"] == repr(21.5)
         # The version's files by their location on the server: MLflow resolves a models:/ URI through the process's
         # global registry URI, whatever tracking_uri is passed, so it would ask an earlier test's store.
-        location = client.get_model_version_download_uri("thermal2visible", version.version)
+        location = client.get_model_version_download_uri(NAME, version.version)
         downloaded = mlflow.artifacts.download_artifacts(
             location, tracking_uri=tracking_uri, dst_path=str(tmp_path / "download")
         )
@@ -145,9 +143,13 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
     # Straight at the database, password in the URI: it must not leak into outputs or the runs. (Its own
     # experiment: the server's experiments keep artifacts behind the server, which only an http URI reaches.)
     direct = f"postgresql://mlflow:{PASSWORD}@127.0.0.1:{postgres}/mlflow"
-    # The server's champion keeps its files behind the server: the gate cannot score it from here, and says so.
-    done = register_stage(project, direct, "--set", "mlflow.experiment=direct-to-postgres")
-    assert done.returncode == 1 and "its files cannot be read through MLFLOW_TRACKING_URI" in done.stderr
+    # The server's champion keeps its files behind the server: the gate cannot score it from here against another
+    # model, and says so.
+    write_stage_record(project, export_tiny(tmp_path / "other", tiny_cache, seed=1).parent, test_psnr=21.5)
+    done = register_stage(
+        project, direct, "--set", "mlflow.experiment=direct-to-postgres", "--set", f"register.model_name={NAME}"
+    )
+    assert done.returncode == 1 and "its files cannot be read through MLFLOW_TRACKING_URI" in done.stderr, done.stdout
     assert "Traceback" not in done.stderr and PASSWORD not in done.stdout + done.stderr
     done = register_stage(
         project,

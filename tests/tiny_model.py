@@ -7,16 +7,18 @@ passes give batch norm running statistics that differ from the identity, so eval
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from thermal2visible.paths import MANIFEST
+from thermal2visible.paths import EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, PSNR_CSV, PSNR_CURVE, TRAIN_METRICS
 from thermal2visible.inference.export import cache_to_model_input, export_generator
 from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
-from thermal2visible.tracking.store import data_hash
+from thermal2visible.tracking.figures import save_psnr_curve
+from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest
 
 
 def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, kind: str = "unet") -> Path:
@@ -55,3 +57,19 @@ def export_tiny(folder: Path, cache: Path, seed: int = 0) -> Path:
     manifest = json.loads((cache / MANIFEST).read_text())
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype=manifest["thermal_dtype"])
     return folder / "generator.onnx"
+
+
+def write_stage_record(project: Path, models: Path, test_psnr: float, parity_error: float = 0.0) -> None:
+    """What train, evaluate and export leave for the register stage around `models`/generator.pt and .onnx: the
+    two models in project/models, and metric files and a PSNR curve naming that generator by its sha256."""
+    (project / "models").mkdir(exist_ok=True)
+    for name in ("generator.pt", "generator.onnx"):
+        shutil.copy(models / name, project / "models" / name)
+    digest = file_digest(project / GENERATOR)
+    fingerprint = load_generator(project / GENERATOR)[1]["fingerprint"]
+    (project / "metrics").mkdir(exist_ok=True)
+    (project / TRAIN_METRICS).write_text(json.dumps({"fingerprint": fingerprint}))
+    (project / PSNR_CSV).write_text("epoch,psnr,psnr_smoothed\n1,10.0,10.0\n")
+    save_psnr_curve(project / PSNR_CURVE, [10.0], [10.0], 1, 1, 1)
+    (project / EVAL_METRICS).write_text(json.dumps({"generator": {"psnr": test_psnr}, GENERATOR_DIGEST: digest}))
+    (project / EXPORT_METRICS).write_text(json.dumps({"parity_max_abs_error": parity_error, GENERATOR_DIGEST: digest}))

@@ -11,7 +11,7 @@ import warnings
 from typing import Callable
 
 from thermal2visible.paths import PARAMS
-from thermal2visible.config import Params, load_params, preset_overrides
+from thermal2visible.config import load_params, preset_overrides
 from thermal2visible.errors import ConfigError, PipelineError
 
 
@@ -31,7 +31,14 @@ def add_overrides(parser: argparse.ArgumentParser, meaning: str) -> None:
     )
 
 
-def run_stage(main: Callable[[Params], object], description: str | None = None) -> None:
+def run_stage(
+    main: Callable[..., object],
+    description: str | None = None,
+    arguments: Callable[[argparse.ArgumentParser], object] | None = None,
+) -> None:
+    """Parse `--params`, `--preset`, `--set` (and what `arguments` adds to the parser), load the params and call
+    `main(params)`; with `arguments`, `main(params, args)`, where `args.settings` lists the presets' and --set's
+    `section.key=value` in the order applied. A ConfigError or PipelineError ends the process with its message."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default=PARAMS, help=f"params file (default: {PARAMS})")
     parser.add_argument(
@@ -43,13 +50,18 @@ def run_stage(main: Callable[[Params], object], description: str | None = None) 
         help="apply a preset from params/ (repeatable), before any --set",
     )
     add_overrides(parser, "override one parameter (repeatable), as `dvc exp run -S` does")
+    if arguments:
+        arguments(parser)
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    # MLflow draws a progress bar for every artifact download, a 22-line block for a model it reads back
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     quiet_lightning()
     try:
-        presets = [override for preset in args.presets for override in preset_overrides(preset)]
-        main(load_params(args.params, [*presets, *args.overrides]))
+        args.settings = [*(setting for preset in args.presets for setting in preset_overrides(preset)), *args.overrides]
+        params = load_params(args.params, args.settings)
+        main(params, args) if arguments else main(params)
     except (ConfigError, PipelineError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)

@@ -416,13 +416,3 @@ def load_params(path: str | Path = PARAMS, overrides: typing.Sequence[str] = ())
         raise ConfigError("\n".join(dict.fromkeys(_reason(problem) for problem in error.errors()))) from None
     _check(params)
     return params
-
-
-if __name__ == "__main__":
-    # `dvc exp run $(python -m thermal2visible.config params/paper_gpu.yaml)`: a preset as `-S section.key=value`
-    import sys
-
-    try:
-        print(" ".join(f"-S {override}" for preset in sys.argv[1:] for override in preset_overrides(preset)))
-    except ConfigError as error:
-        sys.exit(f"error: {error}")

@@ -1,34 +1,64 @@
-"""`mlflow run . -e STAGE -P set="section.key=value ..."`: a stage, and the stages it needs, run through DVC.
+"""A DVC experiment of params.yaml with a preset or settings over it, refused before any stage runs when it could not
+run on this machine; also what `mlflow run . -e STAGE -P set="section.key=value ..."` runs.
+
+    python -m thermal2visible.experiment [STAGE|all] ["section.key=value ..."] [--preset FILE] [--set section.key=value]
 
 `dvc exp run [STAGE] -S section.key=value ...` writes the settings into params.yaml, runs what changed and records
 it in dvc.lock and a DVC experiment, so params.yaml, dvc.lock and the MLflow runs always describe the same model.
-Nothing is passed that the user did not give: with no settings the stage runs with params.yaml as it is.
-Usage: python -m thermal2visible.experiment STAGE|all ["section.key=value ..."]
+Nothing is passed that the user did not give: with no settings the stage runs with params.yaml as it is. Settings
+that fail validation, or ask for a device this machine lacks (a GPU preset on a CPU), stop here, with params.yaml,
+the outputs and the MLflow store as they were.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
 
+import torch
 
-def dvc_command(stage: str, settings: str) -> list[str]:
+from thermal2visible.cli import add_overrides
+from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.errors import ConfigError
+from thermal2visible.training.precision import resolve_accelerator
+
+MLPROJECT_USAGE = 'the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"'
+
+
+def dvc_command(stage: str, settings: list[str]) -> list[str]:
     command = ["dvc", "exp", "run", *([] if stage == "all" else [stage])]
-    return command + [arg for setting in settings.split() for arg in ("-S", setting)]
+    return command + [arg for setting in settings for arg in ("-S", setting)]
+
+
+def refuse_unrunnable(settings: list[str]) -> None:
+    """ConfigError when params.yaml with `settings` is invalid or needs devices this machine does not have."""
+    train = load_params(overrides=settings).train
+    if resolve_accelerator(train.accelerator) == "gpu" and train.devices > torch.cuda.device_count():
+        raise ConfigError(
+            f"train.devices: {train.devices} GPUs per node, but this machine has {torch.cuda.device_count()}"
+        )
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) not in (2, 3):
-        # `mlflow run -P name=value` with a name MLproject does not declare arrives here as `--name value`
-        sys.exit(
-            'error: the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"\n'
-            + __doc__.rstrip().rpartition("\n")[2]
-        )
+    parser = argparse.ArgumentParser(prog="python -m thermal2visible.experiment", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", nargs="?", default="all", help="a dvc.yaml stage, or all (default)")
+    parser.add_argument("settings", nargs="?", default="", help='"section.key=value ..." (MLproject\'s `set`)')
+    parser.add_argument("--preset", action="append", default=[], metavar="FILE", help="a preset from params/")
+    add_overrides(parser, "one setting (repeatable), as `dvc exp run -S`")
+    args, unknown = parser.parse_known_args(argv[1:])
+    if unknown:  # `mlflow run -P name=value` with a name MLproject does not declare arrives as `--name value`
+        sys.exit(f"error: {MLPROJECT_USAGE}")
+    try:
+        presets = [setting for preset in args.preset for setting in preset_overrides(preset)]
+        settings = [*presets, *args.settings.split(), *args.overrides]
+        refuse_unrunnable(settings)
+    except ConfigError as error:
+        sys.exit(f"error: {error}\nnothing was run or changed")
     # The stages run `python` from PATH: make it this interpreter's environment even where the venv is not active.
-    bin_dir = str(Path(sys.executable).parent)
-    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    command = dvc_command(argv[1], argv[2] if len(argv) == 3 else "")
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    command = dvc_command(args.stage, settings)
     print("+", " ".join(command), flush=True)
     os.execvp(command[0], command)
 

@@ -22,10 +22,10 @@ PSNR_CURVE = Path("reports/psnr_curve.png")
 EVAL_METRICS = Path("metrics/eval.json")
 EVAL_GRID = Path("reports/eval_grid.png")
 EXPORT_METRICS = Path("metrics/export.json")
-REGISTER_METRICS = Path("metrics/register.json")
 
 # Not stage outputs: the project's own folders, reports that commands outside the pipeline write, and the train
 # stage's resume state (a means to an output, not a result: it never travels through a DVC remote).
+REGISTERED = Path("reports/registered.json")  # what the MLflow store holds of models/: store-specific, not DVC's
 CHECKPOINTS = Path("checkpoints")
 BEST_GENERATOR = CHECKPOINTS / "best_generator.pt"
 PIPELINES = Path("pipelines")

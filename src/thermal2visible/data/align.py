@@ -10,7 +10,7 @@ rotation each training pair gets its best shift by phase correlation (scikit-ima
 correlation of the two gradient images at that shift; the rig's scale and rotation are those scoring best over the
 pairs, its shift the median of the pairs' shifts. A pair's residual is how far its own best shift lies from the
 rig's, in thermal pixels: a pair the rig transform cannot lay onto its partner (a wrong partner, a moved camera)
-stands out by it. README "Your own data" gives the measurements behind each choice.
+stands out by it. docs/data.md gives the measurements behind each choice.
 """
 
 from __future__ import annotations

@@ -99,10 +99,13 @@ def model_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class PairedDataModule(LightningDataModule):
-    def __init__(self, cache_dir: str | Path, batch_size: int, loader: LoaderConfig):
-        """batch_size is per process."""
+    def __init__(
+        self, cache_dir: str | Path, batch_size: int, loader: LoaderConfig, batch_key: str = "train.batch_size"
+    ):
+        """batch_size is per process; batch_key is the setting it comes from, which a refusal names."""
         super().__init__()
         self.cache_dir, self.batch_size, self.loader = Path(cache_dir), batch_size, loader
+        self.batch_key = batch_key
         self.manifest = load_manifest(cache_dir)
         if loader.jitter and "jitter_size" not in self.manifest:
             raise PipelineError(
@@ -130,7 +133,7 @@ class PairedDataModule(LightningDataModule):
         if stage == "fit" and len(self.splits["train"]) < self.batch_size * world:
             raise PipelineError(
                 f"{self.cache_dir}: {len(self.splits['train'])} training pairs cannot fill one batch "
-                f"of {self.batch_size} on each of {world} process(es); lower train.batch_size"
+                f"of {self.batch_size} on each of {world} process(es); lower {self.batch_key}"
             )
 
     def _dataloader(self, split: str) -> DataLoader:

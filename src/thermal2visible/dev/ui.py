@@ -26,6 +26,7 @@ from mlflow import MlflowClient
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import UI_SCREENSHOTS
 from thermal2visible.dev.servers import mlflow_app
+from thermal2visible.inference.registry import registered_model_name
 from thermal2visible.tracking.store import absolute_tracking_uri
 
 MODEL_TRAINING = "workflowType=machine_learning"
@@ -115,7 +116,7 @@ def main() -> None:
 
     uri = absolute_tracking_uri()
     with tempfile.TemporaryDirectory() as logs, mlflow_ui(uri, Path(logs)) as base:
-        written = screenshot_latest_training(uri, UI_SCREENSHOTS, load_params().register.model_name, base)
+        written = screenshot_latest_training(uri, UI_SCREENSHOTS, registered_model_name(load_params()), base)
     print("wrote " + ", ".join(map(str, written)))
 
 

@@ -11,6 +11,7 @@ reads them back).
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -30,6 +31,13 @@ from thermal2visible.pixels import to_model
 def cache_to_model_input(thermal: np.ndarray) -> np.ndarray:
     """Cache layout (N,H,W,C) uint16 of [0,1] x 65535 -> the generator's (N,C,H,W) float32 in [-1,1]."""
     return to_model(np.asarray(thermal))
+
+
+# The exporter looks for torchvision's detection ops and warns, once per op, that torchvision is absent; the generator
+# uses none of them.
+logging.getLogger("torch.onnx._internal.exporter._registration").addFilter(
+    lambda record: not record.getMessage().startswith("torchvision is not installed")
+)
 
 
 def export_generator(generator: torch.nn.Module, payload: dict, path: Path, opset: int, thermal_dtype: str) -> None:

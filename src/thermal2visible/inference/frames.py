@@ -14,7 +14,7 @@ multiples of image_size) on a frame that is not the training square:
 - `tile`: image_size squares with half-tile overlap, blended with a weight that falls to the tile edges, so
   the network sees exactly the field of view it was trained on.
 
-`METHOD` is the one chosen by measurement (README, Serving; benchmarks/full_frame.py). With
+`METHOD` is the one chosen by measurement (docs/serving.md; benchmarks/full_frame.py). With
 `face_crop`, the face box is also translated exactly as in training and pasted back into the box it came from.
 """
 

@@ -14,6 +14,8 @@ kind it was trained on) is never registered: MLflow itself only logs a warning.
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,11 +23,14 @@ from typing import Protocol
 import mlflow
 import pandas as pd
 from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.models import convert_input_example_to_serving_input, validate_serving_input
 
+from thermal2visible.config import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.serving import pyfunc_arguments
+from thermal2visible.paths import RAW
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -41,6 +46,37 @@ CHAMPION_FRAMES_UNKNOWN = (
     "(registered before that was packed with it); it stays champion, promote by hand"
 )
 STORED_TAGS = "stored test_psnr tags (test sets may differ)"
+ONNX_DIGEST = "onnx_sha256"  # a version is found by its file: registering the same file again adds no version
+AUTO = "auto"
+
+
+def registered_model_name(params: Params) -> str:
+    """register.model_name, or for `auto` one registered model per dataset: the experiment's name and the data's
+    (the built-in scene, or the folder of your own data), e.g. `thermal2visible-portrait`. A model of other data
+    so never replaces a champion it was not trained for."""
+    if params.register.model_name != AUTO:
+        return params.register.model_name
+    source = Path(params.data.source)
+    dataset = params.synthesize.scene if source == RAW else source.resolve().name
+    return f"{params.mlflow.experiment}-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset)
+
+
+def registered_version(client: MlflowClient, name: str, onnx_digest: str) -> ModelVersion | None:
+    """The version of `name` holding the ONNX file whose sha256 is `onnx_digest`, if one was registered."""
+    try:
+        client.get_registered_model(name)
+    except MlflowException as error:
+        if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    versions = client.search_model_versions(f"name = '{name}' and tags.{ONNX_DIGEST} = '{onnx_digest}'")
+    return min(versions, key=lambda version: int(version.version), default=None)
+
+
+def current_alias(client: MlflowClient, name: str, version: str) -> str:
+    """The alias `version` of `name` holds now (the champion may have moved since it was gated)."""
+    aliases = client.get_registered_model(name).aliases
+    return next((alias for alias, number in aliases.items() if str(number) == str(version)), "none")
 
 
 @dataclass(frozen=True)
@@ -120,7 +156,11 @@ def check_example_predicts(model_uri: str, example: pd.DataFrame, onnx_path: str
     """Run the logged model on its own input example as the scoring server would (JSON in, `predict`); a
     PipelineError naming the .onnx and the model's answer when it fails."""
     try:
-        validate_serving_input(model_uri, convert_input_example_to_serving_input(example))
+        with warnings.catch_warnings():
+            # deprecated for mlflow.models.predict, a runner that manages environments; with mlflow pinned, this
+            # in-process check stays and its warning tells a user nothing they can act on
+            warnings.filterwarnings("ignore", "``mlflow.models.utils.validate_serving_input`` is deprecated")
+            validate_serving_input(model_uri, convert_input_example_to_serving_input(example))
     except MlflowException as error:
         raise PipelineError(
             f"{onnx_path}: the packed model fails on its own input example, a frame of the kind it "

@@ -98,6 +98,15 @@ def data_hash(cache_dir: str | Path) -> str:
     return hashlib.md5((Path(cache_dir) / MANIFEST).read_bytes()).hexdigest()
 
 
+GENERATOR_DIGEST = "generator_sha256"  # on train and evaluate runs, registered versions, eval.json and export.json
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file: what a run or a registered version is found by (tracking.publish)."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
 def git_tags() -> dict[str, str]:
     """The commit the code came from, and whether the sources (not the pipeline's outputs) differed from it."""
 
@@ -144,8 +153,8 @@ def start_run(
 
     Every run carries `run_identity`. With `dataset_context` (training, evaluation) it reads data/cache: the run
     is tagged with its `data_hash` and gets the cache as its dataset input in that context.
-    Under `mlflow run` (which exports MLFLOW_RUN_ID) a new run is that run's child, in its experiment, so one
-    `mlflow run . -e main` shows every stage's run beneath it.
+    Every run goes to the project's experiment (mlflow.experiment). Under `mlflow run` (which exports MLFLOW_RUN_ID)
+    a new run is that run's child, so `mlflow run . --experiment-name <the same>` shows every stage's run beneath it.
     """
     tags = {**run_identity(), **(tags or {})}
     digest = data_hash(CACHE) if dataset_context else None
@@ -155,7 +164,6 @@ def start_run(
     client = open_store(tracking_uri())
     parent = os.environ.get("MLFLOW_RUN_ID")
     if parent and run_id is None:
-        experiment = client.get_experiment(client.get_run(parent).info.experiment_id).name
         tags[MLFLOW_PARENT_RUN_ID] = parent
     ensure_experiment(client, experiment)  # MLFlowLogger's own get-or-create fails when two runs race
     logger = logger_class(

@@ -145,7 +145,7 @@ class Pix2Pix(LightningModule):
         live = self._undoable(opt_d)
         if len(self._saved) != len(live):
             self._saved = [tensor.detach().clone() for tensor in live]
-        else:  # a copy_ per tensor: the demo step measured as fast as with torch._foreach_copy_ (README)
+        else:  # a copy_ per tensor: the demo step measured as fast as with torch._foreach_copy_ (docs/performance.md)
             for saved, tensor in zip(self._saved, live):
                 saved.copy_(tensor)
         return self._saved

@@ -62,9 +62,9 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 def resolve_channels_last(channels_last: bool | str, device: str, precision: str) -> bool:
     """Whether a run keeps weights and activations channels-last; `precision` is the resolved one. `auto`: only for
     bf16-mixed on a CPU with AMX-BF16, where oneDNN's AMX convolutions take channels-last activations and NCHW pays a
-    reorder around every convolution (the step measured x1.06-1.08 faster at 256 px and x1.05-1.16 at 64 px there, in
-    two runs). Elsewhere NCHW: on AVX512-BF16 without AMX and in fp32 it was as fast or faster (benchmarks/README.md),
-    and on GPUs, unmeasured here, `auto` keeps the NCHW it always had (params/paper_gpu.yaml asks for true)."""
+    reorder around every convolution. Elsewhere NCHW: on AVX512-BF16 without AMX and in fp32 it is as fast or faster
+    (docs/performance.md has the figures), and on GPUs, unmeasured here, `auto` keeps NCHW (params/paper_gpu.yaml asks
+    for true)."""
     if channels_last != "auto":
         return channels_last
     amx = "amx_bf16" in avx512_features() and torch.cpu.get_capabilities().get("amx_bf16", False)

@@ -1,0 +1,100 @@
+"""docs/params.md, generated: every key of params.yaml with its type (the schema's) and its comment (params.yaml's),
+and whether it defines the trained weights (the schema's marks). Values stay in params.yaml: an experiment that
+changes one leaves this page true.
+
+    python -m thermal2visible.params_reference            # rewrite docs/params.md
+    python -m thermal2visible.params_reference --check    # exit 1 when docs/params.md is stale (the tests run it)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+
+from thermal2visible.config import SECTIONS, marked
+from thermal2visible.paths import PARAMS
+
+REFERENCE = Path("docs/params.md")
+KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[a-z_0-9]+):(?P<value>[^#]*)(#\s?(?P<comment>.*))?$")
+COMMENT_LINE = re.compile(r"^ +#\s?(?P<comment>.*)$")
+
+
+def comments(text: str) -> dict[str, str]:
+    """`section` and `section.key` -> the comment written beside it in params.yaml (continuation lines joined)."""
+    found: dict[str, str] = {}
+    section, last = None, None
+    for line in text.splitlines():
+        match = KEY_LINE.match(line)
+        if match:
+            if not match["indent"]:
+                section = match["key"]
+                last = section
+            else:
+                last = f"{section}.{match['key']}"
+            found[last] = (match["comment"] or "").strip()
+        elif last and COMMENT_LINE.match(line) and found.get(last):
+            found[last] += " " + COMMENT_LINE.match(line)["comment"].strip()
+        elif not line.strip():
+            last = None
+    return found
+
+
+def type_name(annotation: object) -> str:
+    """A field's type as a reader writes it: `int`, `float`, `unet | resnet`, `auto | bool`, `[float, float]`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(str(arg) for arg in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(arg) for arg in args)
+    if origin is tuple:
+        return "[" + ", ".join(type_name(arg) for arg in args) + "]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def reference(params_text: str) -> str:
+    notes = comments(params_text)
+    lines = [
+        "# params.yaml reference",
+        "",
+        "Generated from the settings schema and params.yaml's comments by `python -m thermal2visible.params_reference`"
+        " (a test fails when this page is stale); the values are params.yaml's. Override a key with "
+        "`dvc exp run -S section.key=value`, a stage script's `--set section.key=value`, or a preset under `params/`. "
+        "**Weights**: the key defines the trained "
+        "weights, so a checkpoint of a run with another value never continues; the other keys only say how a run is "
+        "carried out.",
+    ]
+    for section, schema in SECTIONS.items():
+        hints, weights = typing.get_type_hints(schema), marked(section, "weights")
+        lines += ["", f"## `{section}`", ""]
+        if notes.get(section):
+            lines += [notes[section], ""]
+        lines += ["| key | type | weights | what it does |", "|---|---|---|---|"]
+        for field in dataclasses.fields(schema):
+            key = field.name
+            defines = {True: "yes", False: "no"}.get(weights.get(key), "")
+            lines.append(
+                f"| `{key}` | {cell(type_name(hints[key]))} | {defines} | {cell(notes.get(f'{section}.{key}', ''))} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    fresh = reference(PARAMS.read_text())
+    if "--check" in argv:
+        if not REFERENCE.is_file() or REFERENCE.read_text() != fresh:
+            sys.exit(f"{REFERENCE} is stale: run `python -m thermal2visible.params_reference` to regenerate it")
+        return
+    REFERENCE.write_text(fresh)
+    print(f"wrote {REFERENCE}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,127 @@
+"""The MLflow runs that DVC's record stands for, found by what they describe and logged from the record where missing.
+
+DVC skips a stage whose outputs it already holds: in a fresh clone whose outputs came out byte-identical, after
+`dvc pull`, on a second `dvc repro`, or with MLFLOW_TRACKING_URI switched to a team server. A run logged as that
+stage's side effect would then be missing from the store the user points at. So each run is found by the content it
+describes — the sha256 of models/generator.pt for the training run, and of metrics/eval.json too for the evaluation
+run — and, where the store has none, logged from the record itself (params, the metric files, the figures, the model),
+tagged `logged_from: dvc record`. The register stage, which DVC always runs, calls these before it registers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from mlflow import MlflowClient
+
+from thermal2visible.config import Params
+from thermal2visible.errors import PipelineError
+from thermal2visible.paths import (
+    ALIGN_OVERLAY,
+    ALIGN_REPORT,
+    EVAL_GRID,
+    EVAL_METRICS,
+    GENERATOR,
+    PSNR_CSV,
+    PSNR_CURVE,
+    TRAIN_METRICS,
+)
+from thermal2visible.tracking.store import (
+    GENERATOR_DIGEST,
+    file_digest,
+    log_artifact,
+    open_store,
+    start_run,
+    tracking_uri,
+)
+
+EVALUATION_DIGEST = "eval_sha256"
+LOGGED_FROM_RECORD = {"logged_from": "dvc record"}
+TRAINING_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")  # the params a train run logs
+
+
+def read_record(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: missing (dvc repro runs the stage that writes it)") from None
+    except json.JSONDecodeError as error:
+        raise PipelineError(f"{path}: not valid JSON ({error})") from None
+
+
+def find_run(client: MlflowClient, run_name: str, tags: dict[str, str]) -> str | None:
+    """The newest finished run named `run_name` carrying every tag of `tags`, in any experiment of the store."""
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    conditions = [f"attributes.run_name = '{run_name}'", "attributes.status = 'FINISHED'"]
+    conditions += [f"tags.{key} = '{value}'" for key, value in tags.items()]
+    runs = client.search_runs(
+        experiments, " and ".join(conditions), order_by=["attributes.start_time DESC"], max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def ensure_training_run(params: Params) -> str:
+    """The id of the run that trained models/generator.pt; logged from metrics/train.json, metrics/psnr.csv and
+    the PSNR curve when this store has none (the training ran against another store, or before a `dvc pull`)."""
+    digest = file_digest(GENERATOR)
+    found = find_run(open_store(tracking_uri()), "train", {GENERATOR_DIGEST: digest})
+    if found:
+        return found
+    summary = read_record(TRAIN_METRICS)
+    logger = start_run(
+        params,
+        "train",
+        TRAINING_SECTIONS,
+        dataset_context="training",
+        tags={"fingerprint": str(summary.get("fingerprint")), GENERATOR_DIGEST: digest, **LOGGED_FROM_RECORD},
+    )
+    with PSNR_CSV.open(newline="") as file:
+        for row in csv.DictReader(file):
+            curve = {f"val_{name}": float(row[name]) for name in ("psnr", "psnr_smoothed") if row[name]}
+            logger.log_metrics(curve, step=int(row["epoch"]))
+    for path in (GENERATOR, PSNR_CURVE, PSNR_CSV, TRAIN_METRICS):
+        log_artifact(logger, path)
+    logger.finalize("success")
+    print(f"register: logged the training run of {GENERATOR} from DVC's record ({logger.run_id})")
+    return logger.run_id
+
+
+def evaluation_metrics(report: dict) -> dict[str, float]:
+    """eval.json's scores as flat MLflow metrics: test_* for the generator, <baseline>_* beside them, identity_*."""
+    metrics = {
+        f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
+        for name, values in report.items()
+        if isinstance(values, dict) and name != "identity"
+        for metric, value in values.items()
+    }
+    identity = report.get("identity", {})
+    if identity.get("score"):
+        metrics |= {
+            f"identity_{identity['score']}_{name}": value for name, value in identity.items() if type(value) is float
+        }
+    return metrics
+
+
+def ensure_evaluation_run(params: Params, training_run_id: str) -> str:
+    """The id of the run that holds metrics/eval.json's scores of models/generator.pt; logged when missing."""
+    report = read_record(EVAL_METRICS)
+    generator = file_digest(GENERATOR)
+    if report.get(GENERATOR_DIGEST) != generator:
+        raise PipelineError(
+            f"{EVAL_METRICS}: scores another generator than {GENERATOR} (run the evaluate stage: dvc repro)"
+        )
+    tags = {GENERATOR_DIGEST: generator, EVALUATION_DIGEST: file_digest(EVAL_METRICS)}
+    found = find_run(open_store(tracking_uri()), "evaluate", tags)
+    if found:
+        return found
+    logger = start_run(
+        params, "evaluate", ("mlflow",), dataset_context="evaluation", tags=tags | {"train_run_id": training_run_id}
+    )
+    logger.log_metrics(evaluation_metrics(report))
+    for path in (EVAL_METRICS, EVAL_GRID, ALIGN_REPORT, ALIGN_OVERLAY):
+        if path.is_file():  # the alignment report is absent beside a cache made by hand, outside preprocess
+            log_artifact(logger, path)
+    logger.finalize("success")
+    return logger.run_id
