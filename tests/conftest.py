@@ -17,15 +17,16 @@ os.environ["DVC_NO_ANALYTICS"] = "1"
 # running the tests points at.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
-from thermal2visible.config import Params, apply_override, load_params, preset_overrides  # noqa: E402 (env set)
+from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
+from thermal2visible.config import Params, apply_override, load_params, preset_overrides  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = preset_overrides(REPO / "params" / "tiny.yaml")
 
 
 def _write_params(directory: Path, *overrides: str) -> Path:
-    """The repo's params.yaml with the tiny settings and then `overrides` (section.key=value) applied."""
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    """The shipped params.yaml with the tiny settings and then `overrides` (section.key=value) applied."""
+    raw = yaml.safe_load(SHIPPED_TEXT)
     for override in (*TINY, *overrides):
         apply_override(raw, override)
     path = Path(directory) / "params.yaml"

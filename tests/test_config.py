@@ -2,17 +2,17 @@
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from shipped import SHIPPED_FROM
 from thermal2visible.config import SECTIONS, load_params, marked, preset_overrides, stored_section, weight_defining
 from thermal2visible.errors import ConfigError
+from thermal2visible.experiment import dvc_command
 
-REPO_PARAMS = "params.yaml"
+REPO_PARAMS = SHIPPED_FROM
 
 
 def test_shipped_params_load_and_flatten():
@@ -97,17 +97,14 @@ def test_every_preset_loads_and_changes_what_it_names(preset):
             assert list(loaded) == value if isinstance(loaded, tuple) else loaded == value, f"{section}.{key}"
 
 
-def test_preset_printed_for_dvc_exp_run_reads_back_the_same():
-    printed = subprocess.run(
-        [sys.executable, "-m", "thermal2visible.config", "params/paper_gpu.yaml"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert printed[::2] == ["-S"] * (len(printed) // 2)
-    preset = load_params(REPO_PARAMS, preset_overrides("params/paper_gpu.yaml"))
-    assert load_params(REPO_PARAMS, printed[1::2]) == preset
-    assert load_params(REPO_PARAMS, printed[1::2]).train.precision == "16-mixed"
+def test_a_preset_survives_a_shell_split_as_dvc_exp_run_settings():
+    """thermal2visible.experiment takes settings as one space-separated string (MLproject's `set`): a preset's
+    settings must split back into the same ones."""
+    settings = preset_overrides("params/paper_gpu.yaml")
+    command = dvc_command("all", " ".join(settings).split())
+    assert command[:3] == ["dvc", "exp", "run"] and command[3::2] == ["-S"] * len(settings)
+    preset = load_params(REPO_PARAMS, settings)
+    assert load_params(REPO_PARAMS, command[4::2]) == preset and preset.train.precision == "16-mixed"
 
 
 def test_a_preset_that_is_not_sections_of_keys_is_refused(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 import torch
 from tiny_model import save_tiny_generator
 
+from shipped import SHIPPED_FROM
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import load_params
 from thermal2visible.inference.export import cache_to_model_input, check_parity, export_generator, run_torch
@@ -42,7 +43,7 @@ def exported(project) -> dict:
     main = runpy.run_path(str(EXPORT))["main"]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
-        main(load_params(ROOT / "params.yaml", ["export.int8=true"]))
+        main(load_params(SHIPPED_FROM, ["export.int8=true"]))
     return json.loads((project / "metrics" / "export.json").read_text())
 
 
@@ -125,7 +126,7 @@ def test_nan_output_fails_parity(project, exported, test_images):
 
 def test_stage_without_generator_says_so(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(EXPORT), "--params", str(ROOT / "params.yaml")],
+        [sys.executable, str(EXPORT), "--params", str(SHIPPED_FROM)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -155,7 +156,7 @@ def test_a_resnet_generator_exports_with_parity_at_dynamic_sizes(tiny_cache, tmp
     save_tiny_generator(tmp_path / "models" / "generator.pt", tiny_cache, kind="resnet")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
-        runpy.run_path(str(EXPORT))["main"](load_params(ROOT / "params.yaml"))
+        runpy.run_path(str(EXPORT))["main"](load_params(SHIPPED_FROM))
     assert json.loads((tmp_path / "metrics" / "export.json").read_text())["parity_passed"] is True
     generator, payload = load_generator(tmp_path / "models" / "generator.pt")
     assert payload["model"]["generator"] == "resnet"

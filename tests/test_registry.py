@@ -16,6 +16,7 @@ import onnx
 import pytest
 from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
+from shipped import SHIPPED_FROM
 from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server
 from tiny_model import export_tiny, write_stage_record
@@ -198,7 +199,7 @@ def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
 def run_register_stage(project: Path, tracking_uri: str, models: Path, psnr: float) -> subprocess.CompletedProcess:
     write_stage_record(project, models, psnr, parity_error=2e-7)
     result = subprocess.run(
-        [sys.executable, str(REGISTER), "--params", str(ROOT / "params.yaml"), "--set", "register.model_name=staged"],
+        [sys.executable, str(REGISTER), "--params", str(SHIPPED_FROM), "--set", "register.model_name=staged"],
         cwd=project,
         capture_output=True,
         text=True,
@@ -280,7 +281,7 @@ def test_register_stage_needs_evaluation(tracking_uri, onnx_model, tmp_path):
     (tmp_path / "models").mkdir()
     shutil.copy(onnx_model, tmp_path / "models" / "generator.onnx")
     result = subprocess.run(
-        [sys.executable, str(REGISTER), "--params", str(ROOT / "params.yaml")],
+        [sys.executable, str(REGISTER), "--params", str(SHIPPED_FROM)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

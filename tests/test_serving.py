@@ -21,6 +21,7 @@ import tifffile
 import yaml
 from mlflow.exceptions import MlflowException
 from PIL import Image
+from shipped import SHIPPED_TEXT
 from thermal2visible.dev.servers import free_port, mlflow_server, model_server, quiet_env, running
 from conftest import run_script
 from tiny_model import export_tiny
@@ -239,7 +240,7 @@ def test_example_client(url, tmp_path):
 def test_make_serve_listens_where_params_yaml_says(in_process, tracking_uri, tmp_path):
     """pipelines/serve.py (`make serve`) binds serve.host and serve.port of the params.yaml it is run beside."""
     port = free_port()
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = yaml.safe_load(SHIPPED_TEXT)
     params["serve"]["port"] = port
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     command = [sys.executable, str(ROOT / "pipelines" / "serve.py"), "--model", MODEL_URI]

@@ -58,6 +58,7 @@ REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pil
 # The package files the served model runs: this module and what it imports, transitively, and nothing else (no
 # training, tracking or dev code; tests/test_inference_package.py checks the list against the imports).
 PACKAGE = Path(__file__).resolve().parents[1]
+SERVED_MODEL = Path(__file__).with_name("served_model.py")
 PACKED = (
     "config.py",
     "errors.py",
@@ -280,7 +281,7 @@ def pyfunc_arguments(
     artifacts = {"onnx": str(onnx_path)} | ({TRAINING_MANIFEST: str(training_manifest)} if training_manifest else {})
     with packed_code() as code:
         yield dict(
-            python_model=ThermalToVisible(),
+            python_model=str(SERVED_MODEL),  # models-from-code: a code file, never a pickle
             artifacts=artifacts,
             code_paths=[str(code)],
             model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
