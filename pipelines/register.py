@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from functools import partial
 from pathlib import Path
 
 import mlflow
-import mlflow.pyfunc
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
@@ -31,6 +31,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config import Params
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.registered import load_registered
 from thermal2visible.metrics import full_frame_psnr
 from thermal2visible.inference.registry import (
     ONNX_DIGEST,
@@ -54,7 +55,9 @@ class TestFrames:
     `trained_on` reads the training manifest packed with a model (inference.serving.pyfunc_arguments), so the gate
     can leave out the frames a champion trained on when the data changed."""
 
-    def __init__(self, cache: Path):
+    def __init__(self, cache: Path, max_pixels: int, max_model_pixels: int):
+        self.scratch = tempfile.TemporaryDirectory()  # the downloaded versions, removed with this object
+        self.max_pixels, self.max_model_pixels = max_pixels, max_model_pixels
         tests = [source for source in load_manifest(cache)["sources"] if source["split"] == "test"]
         if not tests:
             raise PipelineError(f"{cache}: the test split is empty; the champion gate needs test frames")
@@ -63,8 +66,9 @@ class TestFrames:
 
     def _model(self, model_uri: str) -> ThermalToVisible:
         if model_uri not in self.models:
-            try:
-                self.models[model_uri] = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+            try:  # as data: the version's ONNX file and manifest, run by the installed code (none of its own)
+                scratch = Path(self.scratch.name) / str(len(self.models))
+                self.models[model_uri] = load_registered(model_uri, scratch, self.max_pixels, self.max_model_pixels)
             except MlflowException:  # e.g. files behind a tracking server, asked for straight from its database
                 # (MLflow's own message names the tracking URI, which may hold a database password: not repeated)
                 raise PipelineError(
@@ -168,7 +172,7 @@ def register_new(
         max_pixels=params.serve.max_pixels,
         max_model_pixels=params.serve.max_model_pixels,
         training_manifest=trained_manifest(CACHE, metadata.get("data_hash")),
-        frames=TestFrames(CACHE),
+        frames=TestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
     )
     gate = result.gate
     compared = (

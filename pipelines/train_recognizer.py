@@ -78,7 +78,7 @@ def main(params: Params) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         log_every_n_steps=1,
-        limit_val_batches=1.0 if validate else 0,
+        **({} if validate else {"limit_val_batches": 0}),  # Lightning announces an explicit 1.0
     )
     trainer.fit(task, datamodule=data)
     metrics = {

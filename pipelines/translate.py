@@ -1,10 +1,11 @@
-"""Translate thermal images or a thermal video into visible ones, through the same pyfunc REST serving uses.
+"""Translate thermal images or a thermal video into visible ones, through the same model code REST serving uses.
 
-    python pipelines/translate.py --model models:/thermal2visible@champion --input DIR --output DIR
-    python pipelines/translate.py --model models:/thermal2visible@champion --input thermal.mp4 --output visible.mp4
+    python pipelines/translate.py --model models:/thermal2visible-portrait@champion --input DIR --output DIR
+    python pipelines/translate.py --model models:/thermal2visible-portrait@champion --input a.mp4 --output b.mp4
 
---model takes any MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, runs:/...) or a .onnx file
-from `export`, which is wrapped into the same pyfunc first. Folder: images (PNG/JPEG/TIFF, 8/16-bit or float
+--model takes any MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, runs:/...), whose ONNX file is
+fetched as data and run by the installed code (nothing from the registry is executed), or a .onnx file from
+`export`. Folder: images (PNG/JPEG/TIFF, 8/16-bit or float
 TIFF, any size) are found recursively; each OUTPUT/<relative path>.png has the size of its input, in register
 with it. A bad image is reported by name and skipped; the command then exits 1. Video (.mp4, .mov, .avi,
 .mkv): every frame is translated by the same model code, one at a time (memory does not grow with the video's
@@ -21,7 +22,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import mlflow.pyfunc
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from tqdm import tqdm
@@ -29,21 +29,20 @@ from tqdm import tqdm
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.config import load_params
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
-from thermal2visible.inference.serving import IMAGE, pyfunc_arguments, to_base64
+from thermal2visible.inference.registered import load_registered, model_of_files
+from thermal2visible.inference.serving import IMAGE, ThermalToVisible, to_base64
 from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
 
 
-def load_model(model: str, max_pixels: int, max_model_pixels: int, scratch: Path) -> mlflow.pyfunc.PyFuncModel:
+def load_model(model: str, max_pixels: int, max_model_pixels: int, scratch: Path) -> ThermalToVisible:
+    """The installed serving code around a .onnx file, or around the ONNX file of a registered model, fetched as
+    data (inference.registered): no code from the registry runs here."""
     if model.endswith(".onnx"):
         if not Path(model).is_file():
             raise PipelineError(f"{model}: no such ONNX file")
-        with pyfunc_arguments(model, max_pixels, max_model_pixels) as arguments:
-            mlflow.pyfunc.save_model(scratch / "pyfunc", **arguments)
-        model = str(scratch / "pyfunc")
+        return model_of_files({"onnx": model}, max_pixels, max_model_pixels)
     try:
-        return mlflow.pyfunc.load_model(
-            model, model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels}
-        )
+        return load_registered(model, scratch, max_pixels, max_model_pixels)
     except MlflowException as error:
         raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
 
@@ -61,13 +60,13 @@ def find_images(folder: Path) -> list[Path]:
     return images
 
 
-def translate(model: mlflow.pyfunc.PyFuncModel, images: list[Path], source: Path, target: Path) -> list[str]:
+def translate(model: ThermalToVisible, images: list[Path], source: Path, target: Path) -> list[str]:
     """Write one PNG per image; return the errors of the images that could not be translated."""
     errors = []
     for path in tqdm(images, desc="translating", unit="image"):
         try:
             request = pd.DataFrame({IMAGE: [to_base64(read_bytes(path))]})
-            visible = base64.b64decode(model.predict(request)[IMAGE][0])
+            visible = base64.b64decode(model.predict(None, request)[IMAGE][0])
         except (MlflowException, PipelineError) as error:
             errors.append(f"{path}: {getattr(error, 'message', error)}")
             continue
@@ -106,7 +105,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             model = load_model(args.model, args.max_pixels, args.max_model_pixels, Path(scratch))
             if video:
-                frames = translate_video(model.unwrap_python_model(), args.input, args.output)
+                frames = translate_video(model, args.input, args.output)
                 print(f"translated {frames} frames of {args.input} into {args.output}")
                 return
             errors = translate(model, images, args.input, args.output)

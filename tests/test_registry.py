@@ -12,6 +12,7 @@ from pathlib import Path
 import base64
 
 import mlflow
+import mlflow.pyfunc
 import onnx
 import pytest
 from corpus import png, rgb, temperatures, thermal16, tiff
@@ -27,7 +28,7 @@ from thermal2visible.data.images import decode_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.registry import CHALLENGER, CHAMPION, gate, register
-from thermal2visible.inference.serving import IMAGE
+from thermal2visible.inference.serving import IMAGE, pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,3 +346,71 @@ def test_a_model_that_fails_on_its_own_example_is_not_registered(client, onnx_mo
     with pytest.raises(PipelineError, match="broken.onnx: the packed model fails on its own input example"):
         add(tmp_path / "broken.onnx", "broken", 20.0)
     assert client.search_model_versions("name='broken'") == []
+
+
+# A registry writer's code file: what it does when run, it announces in the file that T2V_MARKER names.
+TAMPERED_CODE = """import os, pathlib
+import mlflow.models
+from thermal2visible.inference.serving import ThermalToVisible
+if os.environ.get("T2V_MARKER"):
+    pathlib.Path(os.environ["T2V_MARKER"]).write_text("the registry's code ran")
+mlflow.models.set_model(ThermalToVisible())
+"""
+
+
+def test_a_tampered_version_runs_no_code_in_translate_or_the_gate(client, tracking_uri, tiny_cache, tmp_path):
+    """A version whose model code was replaced, made champion: translate and the register stage's gate run its ONNX
+    file with the installed code; loading it as a pyfunc (what `mlflow models serve` does) runs the replacement."""
+    onnx_file = export_tiny(tmp_path / "model", tiny_cache)
+    (tmp_path / "tampered.py").write_text(TAMPERED_CODE)
+    mlflow.set_experiment("registry-tests")
+    with mlflow.start_run():
+        with pyfunc_arguments(onnx_file, 1_000_000, 1_048_576, tiny_cache / MANIFEST) as arguments:
+            arguments["python_model"] = str(tmp_path / "tampered.py")
+            logged = mlflow.pyfunc.log_model(name="model", **arguments)
+    client.create_registered_model("tampered")
+    version = client.create_model_version("tampered", logged.model_uri, model_id=logged.model_id)
+    client.set_registered_model_alias("tampered", CHAMPION, version.version)
+    marker = tmp_path / "ran"
+    env = os.environ | {
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "T2V_MARKER": str(marker),
+    }
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "frame.png").write_bytes(decode_png_of(tiny_cache))
+    translate = [sys.executable, str(ROOT / "pipelines" / "translate.py"), "--model", "models:/tampered@champion"]
+    done = subprocess.run(
+        [*translate, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "frame.png").is_file() and not marker.exists()
+
+    project = tmp_path / "project"
+    shutil.copytree(tiny_cache, project / "data" / "cache")
+    write_stage_record(project, export_tiny(tmp_path / "other", tiny_cache, seed=1).parent, 21.0)
+    done = subprocess.run(
+        [sys.executable, str(REGISTER), "--params", str(SHIPPED_FROM), "--set", "register.model_name=tampered"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads((project / "reports" / "registered.json").read_text())["gate"]["champion_version"] == 1
+    assert not marker.exists()
+
+    load = "import mlflow.pyfunc; mlflow.pyfunc.load_model('models:/tampered/1')"  # the champion may have moved
+    loaded = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert marker.is_file(), loaded.stdout + loaded.stderr
+    assert marker.read_text() == "the registry's code ran"  # the threat is real where a pyfunc is loaded
+
+
+def decode_png_of(cache: Path) -> bytes:
+    """One of the tiny set's raw thermal frames, as the file it was written."""
+    return next((cache.parent / "raw" / "thermal").rglob("*.png")).read_bytes()
