@@ -8,8 +8,6 @@ Timings are medians of repeats after warm-up; every figure says how many torch t
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import itertools
 import json
 import logging
 import os
@@ -38,6 +36,7 @@ from benchmarks.rounds import MachineLoad
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
+from thermal2visible.dev.results import new_dated_stem  # noqa: E402
 from thermal2visible.paths import PAPER_GPU, PARAMS  # noqa: E402
 
 quiet_lightning()
@@ -222,11 +221,7 @@ def result_stem(name: str, out: Path | None = None) -> Path:
     result, tracked or not, unless told where to write."""
     if out is not None:
         return out.with_suffix("") if out.suffix in RESULT_SUFFIXES else out
-    today = datetime.date.today().isoformat()
-    for number in itertools.count(1):
-        stem = RESULTS / (f"{today}-{name}" if number == 1 else f"{today}-{name}-{number}")
-        if not any(Path(f"{stem}{suffix}").exists() for suffix in RESULT_SUFFIXES):
-            return stem
+    return new_dated_stem(RESULTS, name, RESULT_SUFFIXES)
 
 
 def result_file(stem: Path, suffix: str) -> Path:

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import itertools
 import json
 import statistics
 import sys
@@ -49,6 +47,7 @@ from thermal2visible.config import LoaderConfig, load_params, preset_overrides  
 from thermal2visible.models.payloads import load_generator  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule, model_batch  # noqa: E402
 from thermal2visible.models.generator import as_tested  # noqa: E402
+from thermal2visible.dev.results import new_dated_stem  # noqa: E402
 from thermal2visible.paths import GENERATOR, PARAMS, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
 from thermal2visible.dev.study import child_project, evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.figures import image_rows  # noqa: E402
@@ -78,11 +77,7 @@ def report_stem(study: str, out: Path | None) -> Path:
     replaced), else a new reports/study/<today>-<study>[-N] whose files do not exist yet."""
     if out is not None:
         return out / study
-    today = datetime.date.today().isoformat()
-    for number in itertools.count(1):
-        stem = STUDY_REPORTS / (f"{today}-{study}" if number == 1 else f"{today}-{study}-{number}")
-        if not any(Path(f"{stem}{end}").exists() for end in (".md", ".json", ".png", "_grid.png")):
-            return stem
+    return new_dated_stem(STUDY_REPORTS, study, (".md", ".json", ".png", "_grid.png"))
 
 
 def markdown(header: list[str], rows: list[list]) -> str:

@@ -15,9 +15,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import time
 
 from lightning.pytorch import seed_everything
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from thermal2visible.cli import run_stage
@@ -28,12 +30,25 @@ from thermal2visible.models.payloads import load_recognizer
 from thermal2visible.tracking.exactly_once import CheckpointedMLFlowLogger, MetricsInCheckpoint
 from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
 from thermal2visible.tracking.publish import TRAINING_SECTIONS
-from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, log_artifact, start_run
+from thermal2visible.tracking.store import (
+    GENERATOR_DIGEST,
+    close_abandoned_runs,
+    data_hash,
+    file_digest,
+    log_artifact,
+    start_run,
+)
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.progress import EpochLine
 from thermal2visible.training.precision import resolve_accelerator, resolve_channels_last, resolve_precision
-from thermal2visible.training.resume import checkpointing, find_resume, last_checkpoint, run_fingerprint
+from thermal2visible.training.resume import (
+    checkpointing,
+    find_resume,
+    last_checkpoint,
+    one_training_at_a_time,
+    run_fingerprint,
+)
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
 from thermal2visible.paths import (
     BEST_GENERATOR,
@@ -57,8 +72,9 @@ def identity_recognizer(params: Params, identities: list[str]):
 
 def write_outputs(stop: PsnrEarlyStopping, fingerprint: str) -> dict:
     GENERATOR.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(BEST_GENERATOR, GENERATOR.with_name(GENERATOR.name + ".tmp"))
-    os.replace(GENERATOR.with_name(GENERATOR.name + ".tmp"), GENERATOR)
+    staged = GENERATOR.with_name(f"{GENERATOR.name}.{os.getpid()}.tmp")
+    shutil.copyfile(BEST_GENERATOR, staged)
+    os.replace(staged, GENERATOR)
     summary = stop.summary() | {"fingerprint": fingerprint}
     TRAIN_METRICS.parent.mkdir(parents=True, exist_ok=True)
     TRAIN_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
@@ -99,7 +115,16 @@ def main(params: Params) -> None:
     recognizer, recognizer_hash = identity_recognizer(params, data.identities)
     cache_hash = data_hash(CACHE)
     fingerprint = run_fingerprint(params, cache_hash, recognizer_hash)
+    with one_training_at_a_time(CHECKPOINTS, fingerprint):
+        train(params, data, recognizer, cache_hash, fingerprint)
+
+
+def train(params: Params, data: PairedDataModule, recognizer, cache_hash: str, fingerprint: str) -> None:
+    """The training itself, on the process that holds checkpoints/ (and its DDP peers)."""
+    t = params.train
     resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST_GENERATOR])
+    if rank_zero_only.rank == 0:
+        close_abandoned_runs(keep=run_id)
 
     accelerator = resolve_accelerator(t.accelerator)
     precision = resolve_precision(t.precision, accelerator)
@@ -120,6 +145,10 @@ def main(params: Params) -> None:
             "world_size": str(world_size(t)),
         },
     )
+    if logger.run_id:  # rank 0; a continued run gets its new process's: what a later start checks to close this
+        # run as KILLED if its process died before it finished
+        for key, value in {"host": socket.gethostname(), "pid": str(os.getpid())}.items():
+            logger.experiment.set_tag(logger.run_id, key, value)
     manifest = data.manifest
     module = Pix2Pix(params.model, t, manifest["image_size"], data.thermal_channels, data.visible_channels, recognizer)
     # The preprocess settings the generator is stamped with are the cache's (what its images went through), which

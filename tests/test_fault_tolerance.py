@@ -4,7 +4,7 @@ Ctrl-C, then run to the end: one continuous run, as if it had never been interru
 The points are hit without hooks in the code: the test watches the files training writes, freezes the process
 (SIGSTOP) the moment a marker appears, checks from the files where the frozen process really is, and SIGKILLs
 it there (or lets it go on and tries again in a later epoch):
-  during checkpoint write  checkpoints/last.ckpt.tmp exists and last.ckpt still holds the epoch before
+  during checkpoint write  checkpoints/last.ckpt.<pid>.tmp exists and last.ckpt still holds the epoch before
   during validation        the epoch's validation image is logged and its checkpoint not begun
   just after a checkpoint  a new last.ckpt is there and its epoch's validation metrics are not yet in MLflow (they
                            are logged once the checkpoint is on disk; the resumed run logs them from the checkpoint)
@@ -93,8 +93,8 @@ def in_mlflow(project: Path, key: str, epoch: int) -> bool | None:
 
 def kill_at(process: subprocess.Popen, project: Path, point: str) -> int:
     """SIGKILL `process` at `point`; returns the epochs in last.ckpt then."""
-    temporary = project / "checkpoints" / "last.ckpt.tmp"
-    stale = modified(temporary)  # a temporary file left by an earlier kill
+    temporary = project / "checkpoints" / f"last.ckpt.{process.pid}.tmp"  # the training writes it, then renames it
+    stale = modified(temporary)
     deadline, last_seen = time.monotonic() + 240, (0, time.monotonic())  # (epochs, when they were first seen)
     while time.monotonic() < deadline:
         assert process.poll() is None, "training ended before the point was hit"
@@ -165,12 +165,13 @@ def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_r
 
     reached, losses_lost_at = 0, None
     for run, point in enumerate(("checkpoint", "validation", "after checkpoint", "mid-epoch")):
-        killed_at = kill_at(start(tmp_path, f"run{run}"), tmp_path, point)
+        process = start(tmp_path, f"run{run}")
+        killed_at = kill_at(process, tmp_path, point)
         losses_lost_at = killed_at if point == "after checkpoint" else losses_lost_at
         assert killed_at >= reached  # continued, never went back
         assert_consistent_on_disk(tmp_path)
         if point == "checkpoint":
-            assert (tmp_path / "checkpoints" / "last.ckpt.tmp").exists()  # the next run must ignore it
+            assert (tmp_path / "checkpoints" / f"last.ckpt.{process.pid}.tmp").exists()  # the next run ignores it
         reached = killed_at
 
     for run, how in ((4, signal.SIGTERM), (5, signal.SIGINT)):
@@ -189,7 +190,7 @@ def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_r
     assert final.wait(timeout=300) == 0, output(tmp_path, "run6")
     assert "continued from checkpoints/last.ckpt" in output(tmp_path, "run6")
 
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best_generator.pt", "last.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best_generator.pt", "last.ckpt", "lock"]
     with (tmp_path / "metrics" / "psnr.csv").open() as file:
         assert [int(row["epoch"]) for row in csv.DictReader(file)] == list(range(1, EPOCHS + 1))
 

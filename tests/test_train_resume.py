@@ -7,9 +7,11 @@ afresh is tested here too.
 """
 
 import csv
+import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -124,7 +126,11 @@ def test_killed_and_terminated_runs_continue_where_they_stopped(tmp_path, tiny_c
     assert third.returncode == 0, output
     assert "continued from checkpoints/last.ckpt" in output
 
-    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == ["best_generator.pt", "last.ckpt"]
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == [
+        "best_generator.pt",
+        "last.ckpt",
+        "lock",
+    ]
     with (tmp_path / "metrics" / "psnr.csv").open() as file:
         epochs = [int(row["epoch"]) for row in csv.DictReader(file)]
     assert epochs == list(range(1, EPOCHS + 1))  # every epoch once, across three processes
@@ -155,9 +161,49 @@ def test_only_params_that_define_the_weights_start_afresh(tmp_path, tiny_cache, 
         "model.recompute=true",
     )
     assert "continued from checkpoints/last.ckpt" in finish(start(root))
+    first = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)["thermal2visible_run"]["fingerprint"]
     write_params(root, *SETTINGS, *short, "loader.jitter=false")
     output = finish(start(root))
-    assert "belongs to another run" in output and "continued from" not in output, output
+    assert f"is another run's (fingerprint {first}): kept in checkpoints/{first}" in output, output
+    assert "continued from" not in output and (root / "checkpoints" / first / "last.ckpt").is_file()
+    # and back: the first settings continue their own kept checkpoint, and the second settings' is kept in turn
+    write_params(root, *SETTINGS, *short)
+    output = finish(start(root))
+    assert "continued from checkpoints/last.ckpt" in output and not list((root / "checkpoints" / first).glob("*.ckpt"))
+    assert len(list((root / "checkpoints").glob("*/last.ckpt"))) == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_second_training_of_one_folder_is_refused_naming_the_first(tmp_path, tiny_cache, write_params):
+    root = project(tmp_path, tiny_cache, write_params, "train.max_epochs=2", "early_stop.window=1")
+    (root / "checkpoints").mkdir()
+    with open(root / "checkpoints" / "lock", "w") as lock:  # what a training in progress holds
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write(f"{os.getpid()} 0123456789abcdef\n")
+        lock.flush()
+        refused = start(root)
+        output = refused.communicate(timeout=120)[0]
+    assert refused.returncode == 1 and "Traceback" not in output, output
+    assert f"another training is using it (PID {os.getpid()}, fingerprint 0123456789abcdef)" in output
+    assert not (root / "checkpoints" / "last.ckpt").exists()
+    finish(start(root))  # once it is free
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_process_died_before_its_first_checkpoint_is_marked_killed(tmp_path, tiny_cache, write_params):
+    from mlflow import MlflowClient
+
+    root = project(tmp_path, tiny_cache, write_params, "train.max_epochs=2", "early_stop.window=1")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.create_experiment("thermal2visible")
+    tags = {"host": socket.gethostname(), "pid": str(gone.pid)}
+    abandoned = client.create_run(experiment, run_name="train", tags=tags).info.run_id
+    alive = client.create_run(experiment, run_name="train", tags=tags | {"pid": str(os.getpid())}).info.run_id
+    output = finish(start(root))
+    assert f"marked KILLED the train run(s) whose process had died: {abandoned}" in output
+    assert client.get_run(abandoned).info.status == "KILLED" and client.get_run(alive).info.status == "RUNNING"
 
 
 @pytest.mark.timeout(400)

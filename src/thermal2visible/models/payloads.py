@@ -53,10 +53,11 @@ class RecognizerPayload(RecognizerWeights):
 
 
 def atomic_save(payload: dict, path: str | Path) -> None:
-    """`torch.save` to `<name>.tmp` beside `path`, then renamed over it: a kill mid-write leaves the old file whole."""
+    """`torch.save` to `<name>.<pid>.tmp` beside `path`, then renamed over it: a kill mid-write leaves the old file
+    whole, and two processes never write one temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     torch.save(payload, temporary)
     os.replace(temporary, path)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import socket
 import subprocess
 import warnings
 from contextlib import contextmanager
@@ -193,6 +194,33 @@ def training_run_id(fingerprint: str | None) -> str | None:
         max_results=1,
     )
     return runs[0].info.run_id if runs else None
+
+
+def close_abandoned_runs(keep: str | None) -> list[str]:
+    """Mark KILLED every `train` run this host started that is still RUNNING though its process is gone (a training
+    killed before its first checkpoint, which no later run continues), but `keep`, the run being continued."""
+    client = open_store(tracking_uri())
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    running = "attributes.run_name = 'train' and attributes.status = 'RUNNING'"
+    closed = []
+    for run in client.search_runs(experiments, f"{running} and tags.host = '{socket.gethostname()}'"):
+        pid = run.data.tags.get("pid", "")
+        if run.info.run_id != keep and pid.isdigit() and not process_alive(int(pid)):
+            client.set_terminated(run.info.run_id, "KILLED")
+            closed.append(run.info.run_id)
+    if closed:
+        print(f"notice: marked KILLED the train run(s) whose process had died: {', '.join(closed)}")
+    return closed
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def log_artifact(logger: MLFlowLogger, path: str | Path) -> None:

@@ -8,13 +8,14 @@ Files (under `checkpoints/` and `models/`, see paths.py):
   models/generator.pt  a copy of the best payload, published only when a run ends normally (pipelines/train.py).
 
 The protocol:
-  1. Every file is written to `<name>.tmp` beside it, then renamed over it (`models.payloads.atomic_save`, which
+  1. Every file is written to `<name>.<pid>.tmp` beside it, then renamed over it (`models.payloads.atomic_save`, which
      Lightning's checkpoints go through too: `AtomicCheckpointIO`): a kill mid-write leaves the previous file whole,
      and a stray `.tmp` is never read.
   2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights:
      the keys config.py marks `weights()`) and its MLflow run id.
-  3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise (or when it
-     cannot be read) the run starts afresh and deletes last.ckpt and the best file of the old run.
+  3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise the old
+     run's files are parked in checkpoints/<its fingerprint>/ (never deleted) and this run continues its own parked
+     files, or starts afresh. One training at a time holds the folder (`one_training_at_a_time`, an OS lock).
   4. Every checkpoint holds every rank's random state (torch CPU and CUDA, numpy, python: `RandomStreams`), taken
      at the epoch's end and restored before the resumed run draws anything: it draws the shuffles, crops, flips
      and dropout masks the uninterrupted run draws, so it ends with the same weights.
@@ -26,11 +27,14 @@ The protocol:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import random
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -40,6 +44,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
 from thermal2visible.config import Params, added_later, weight_defining
+from thermal2visible.errors import PipelineError
 from thermal2visible.models.payloads import atomic_save
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
@@ -163,20 +168,74 @@ def find_resume(
 ) -> tuple[Path | None, str | None]:
     """(checkpoint to continue from, its MLflow run id), or (None, None) for a fresh start.
 
-    A fresh start deletes last.ckpt and the `stale` files that belonged to the old run (on rank 0).
+    Resume state is kept per fingerprint: another run's last.ckpt and `stale` files are parked in
+    `directory/<its fingerprint>/` (rank 0), never deleted, and brought back when a run of that fingerprint starts
+    (`resume: auto`), which then continues it. A checkpoint that cannot be read is parked in `directory/unreadable/`.
     """
     last = last_checkpoint(directory)
-    if mode == "auto" and last.is_file():
+    notice = None
+    if last.is_file():
         try:
             stamp = torch.load(last, map_location="cpu", weights_only=True).get(STAMP) or {}
-            reason = "belongs to another run (params that define the weights, or the data, changed)"
-        except Exception as error:  # torch.load fails in many ways on a foreign or damaged file; all mean "afresh"
-            stamp, reason = {}, f"cannot be read ({type(error).__name__})"
-        if stamp.get("fingerprint") == fingerprint:
+            owner = str(stamp.get("fingerprint") or "unstamped")
+            notice = f"{last} is another run's (fingerprint {owner}): kept in {directory / owner}"
+        except Exception as error:  # torch.load fails in many ways on a foreign or damaged file; all mean "park it"
+            stamp, owner = {}, "unreadable"
+            notice = f"{last} cannot be read ({type(error).__name__}): kept in {directory / owner}"
+        if mode == "auto" and owner == fingerprint:
             return last, stamp["mlflow_run_id"]
-        if rank_zero_only.rank == 0:
-            print(f"notice: {last} {reason}; starting fresh")
-    if rank_zero_only.rank == 0:
-        for path in (last, *stale):
-            path.unlink(missing_ok=True)
+        move_run_files(directory, directory / owner, (last, *stale))
+    parked = directory / fingerprint
+    if mode == "auto" and last_checkpoint(parked).is_file():
+        move_run_files(parked, directory, (last, *stale))
+        stamp = torch.load(last, map_location="cpu", weights_only=True)[STAMP]
+        if notice:
+            print_once(f"notice: {notice}; continuing this run's own from {parked}")
+        return last, stamp["mlflow_run_id"]
+    if notice:
+        print_once(f"notice: {notice}; starting fresh")
     return None, None
+
+
+def move_run_files(source: Path, target: Path, files: Sequence[Path]) -> None:
+    """Move a run's files (named as they lie in `directory`) from `source` to `target`, replacing what is there;
+    on rank 0 only, which owns the files."""
+    if rank_zero_only.rank != 0:
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        if (source / path.name).is_file():
+            (source / path.name).replace(target / path.name)
+
+
+def print_once(message: str) -> None:
+    if rank_zero_only.rank == 0:
+        print(message)
+
+
+@contextmanager
+def one_training_at_a_time(directory: Path, fingerprint: str) -> Iterator[None]:
+    """Hold `directory`/lock (an OS file lock, released when the process ends however it ends) while training; a
+    second training of the same folder is refused, naming the holder's PID and fingerprint. Rank 0 only: the other
+    processes of a DDP job are its own."""
+    if rank_zero_only.rank != 0:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().split() or ["?", "?"]
+            raise PipelineError(
+                f"{directory}: another training is using it (PID {holder[0]}, fingerprint {holder[-1]}); one "
+                "training at a time per checkpoint folder: wait for it, or train in another clone of the project"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()} {fingerprint}\n")
+        lock.flush()
+        for unfinished in directory.glob("*.tmp"):  # a killed writer's: with the lock held, nobody else writes here
+            unfinished.unlink()
+        yield
