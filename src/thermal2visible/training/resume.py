@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import random
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -157,6 +158,9 @@ def checkpointing(directory: Path, fingerprint: str, mlflow_run_id: str | None) 
 
     (A "top 1" by recency named "last": Lightning's save_last alone only writes when a top-k file was written.)
     """
+    # The folder always holds the lock and other runs' kept state: Lightning's warning that it is not empty tells a
+    # user nothing they could act on.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     return [
         ModelCheckpoint(dirpath=directory, filename=LAST, save_top_k=1, enable_version_counter=False),
         RunStamp(fingerprint, mlflow_run_id),
