@@ -58,7 +58,10 @@ def atomic_save(payload: dict, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save(payload, temporary)
+    # Through a file object: given a path, torch names the archive inside after the file, and the PID in the
+    # temporary name would make the same weights different bytes in every run.
+    with open(temporary, "wb") as file:
+        torch.save(payload, file)
     os.replace(temporary, path)
 
 
