@@ -671,7 +671,9 @@ def test_resume_only_a_checkpoint_of_the_same_run(tmp_path, capsys):
     assert find_resume(tmp_path, "abc", "never", stale=[best]) == (None, None) and not best.exists()
     torch.save({STAMP: {"fingerprint": "abc", "mlflow_run_id": "run-1"}}, last)
     assert find_resume(tmp_path, "changed", "auto") == (None, None) and not last.exists()
-    assert "belongs to another run" in capsys.readouterr().out
+    assert "is another run's (fingerprint abc): kept in" in capsys.readouterr().out
+    assert find_resume(tmp_path, "abc", "auto") == (last, "run-1")  # its kept checkpoint, back in place
     last.write_bytes(b"not a checkpoint")
-    assert find_resume(tmp_path, "abc", "auto") == (None, None) and not last.exists()
+    assert find_resume(tmp_path, "other", "auto") == (None, None) and not last.exists()
+    assert (tmp_path / "unreadable" / "last.ckpt").read_bytes() == b"not a checkpoint"  # kept, not deleted
     assert "cannot be read" in capsys.readouterr().out

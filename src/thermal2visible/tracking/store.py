@@ -138,7 +138,11 @@ def log_dataset(client: MlflowClient, run_id: str, cache_dir: Path, digest: str,
         source = resolve_dataset_source(str(cache_dir.resolve()))
     dataset = MetaDataset(source, name=cache_dir.name, digest=digest)
     # Dataset.to_dict (name, digest, source, source_type[, schema]) is the public form of the run's dataset entity
-    client.log_inputs(run_id, [DatasetInput(Dataset(**dataset.to_dict()), [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+    inputs = [DatasetInput(Dataset(**dataset.to_dict()), [InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+    try:
+        client.log_inputs(run_id, inputs)
+    except MlflowException:  # another run created the same dataset row at the same moment: it exists now
+        client.log_inputs(run_id, inputs)
 
 
 def start_run(
