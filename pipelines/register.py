@@ -124,17 +124,18 @@ def main(params: Params) -> None:
         raise PipelineError(f"{EVAL_METRICS}: no number at generator.psnr (the evaluate stage writes it)")
     name = registered_model_name(params)
     mlflow.set_tracking_uri(tracking_uri())
-    training_run = ensure_training_run(params)
-    evaluation_run = ensure_evaluation_run(params, training_run)
+    training_run = ensure_training_run(params, generator)
+    evaluation_run = ensure_evaluation_run(params, generator, training_run)
     onnx_digest = file_digest(ONNX)
-    existing = registered_version(MlflowClient(), name, onnx_digest)
+    client = MlflowClient()
+    existing = registered_version(client, name, onnx_digest)
     if existing is None:
         result = register_new(params, name, exported, test_psnr, training_run, evaluation_run, onnx_digest)
         version, alias, gate = result.version, result.alias, result.gate
     else:
         gate = {key.removeprefix("gate_"): value for key, value in existing.tags.items() if key.startswith("gate_")}
         version = int(existing.version)
-        alias = current_alias(MlflowClient(), name, existing.version)
+        alias = current_alias(client, name, existing.version)
         print(f"register: {ONNX} is {name} version {version} already (@{alias}); nothing added")
     summary = {"model_name": name, "version": version, "alias": alias, "test_psnr": test_psnr, "gate": gate}
     REGISTERED.parent.mkdir(parents=True, exist_ok=True)

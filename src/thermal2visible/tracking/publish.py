@@ -14,8 +14,6 @@ import csv
 import json
 from pathlib import Path
 
-from mlflow import MlflowClient
-
 from thermal2visible.config import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import (
@@ -32,6 +30,7 @@ from thermal2visible.tracking.store import (
     GENERATOR_DIGEST,
     file_digest,
     log_artifact,
+    newest_run,
     open_store,
     start_run,
     tracking_uri,
@@ -51,22 +50,11 @@ def read_record(path: Path) -> dict:
         raise PipelineError(f"{path}: not valid JSON ({error})") from None
 
 
-def find_run(client: MlflowClient, run_name: str, tags: dict[str, str]) -> str | None:
-    """The newest finished run named `run_name` carrying every tag of `tags`, in any experiment of the store."""
-    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
-    conditions = [f"attributes.run_name = '{run_name}'", "attributes.status = 'FINISHED'"]
-    conditions += [f"tags.{key} = '{value}'" for key, value in tags.items()]
-    runs = client.search_runs(
-        experiments, " and ".join(conditions), order_by=["attributes.start_time DESC"], max_results=1
-    )
-    return runs[0].info.run_id if runs else None
-
-
-def ensure_training_run(params: Params) -> str:
-    """The id of the run that trained models/generator.pt; logged from metrics/train.json, metrics/psnr.csv and
-    the PSNR curve when this store has none (the training ran against another store, or before a `dvc pull`)."""
-    digest = file_digest(GENERATOR)
-    found = find_run(open_store(tracking_uri()), "train", {GENERATOR_DIGEST: digest})
+def ensure_training_run(params: Params, digest: str) -> str:
+    """The id of the run that trained models/generator.pt (sha256 `digest`); logged from metrics/train.json,
+    metrics/psnr.csv and the PSNR curve when this store has none (the training ran against another store, or before
+    a `dvc pull`)."""
+    found = newest_run(open_store(tracking_uri()), "train", {GENERATOR_DIGEST: digest}, "FINISHED")
     if found:
         return found
     summary = read_record(TRAIN_METRICS)
@@ -104,16 +92,16 @@ def evaluation_metrics(report: dict) -> dict[str, float]:
     return metrics
 
 
-def ensure_evaluation_run(params: Params, training_run_id: str) -> str:
-    """The id of the run that holds metrics/eval.json's scores of models/generator.pt; logged when missing."""
+def ensure_evaluation_run(params: Params, generator: str, training_run_id: str) -> str:
+    """The id of the run that holds metrics/eval.json's scores of models/generator.pt (sha256 `generator`); logged
+    when missing."""
     report = read_record(EVAL_METRICS)
-    generator = file_digest(GENERATOR)
     if report.get(GENERATOR_DIGEST) != generator:
         raise PipelineError(
             f"{EVAL_METRICS}: scores another generator than {GENERATOR} (run the evaluate stage: dvc repro)"
         )
     tags = {GENERATOR_DIGEST: generator, EVALUATION_DIGEST: file_digest(EVAL_METRICS)}
-    found = find_run(open_store(tracking_uri()), "evaluate", tags)
+    found = newest_run(open_store(tracking_uri()), "evaluate", tags, "FINISHED")
     if found:
         return found
     logger = start_run(

@@ -181,6 +181,18 @@ def start_run(
     return logger
 
 
+def newest_run(client: MlflowClient, run_name: str, tags: dict[str, str], status: str | None = None) -> str | None:
+    """The newest run named `run_name` carrying every tag of `tags` (and in `status`, if given), in any experiment of
+    the store: runs are found by what they are, wherever they went."""
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    conditions = [f"attributes.run_name = '{run_name}'", *(f"tags.{key} = '{value}'" for key, value in tags.items())]
+    conditions += [f"attributes.status = '{status}'"] if status else []
+    runs = client.search_runs(
+        experiments, " and ".join(conditions), order_by=["attributes.start_time DESC"], max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
 def training_run_id(fingerprint: str | None) -> str | None:
     """The MLflow run that trained the weights stamped `fingerprint` (the newest, where the same run was trained more
     than once), or None where this tracking store has none (another store, or a generator from before fingerprints).
@@ -189,15 +201,7 @@ def training_run_id(fingerprint: str | None) -> str | None:
     found here, by its tag, in whichever experiment it went to."""
     if not fingerprint:
         return None
-    client = open_store(tracking_uri())
-    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
-    runs = client.search_runs(
-        experiments,
-        f"tags.fingerprint = '{fingerprint}' and attributes.run_name = 'train'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    return runs[0].info.run_id if runs else None
+    return newest_run(open_store(tracking_uri()), "train", {"fingerprint": fingerprint})
 
 
 def close_abandoned_runs(keep: str | None) -> list[str]:
