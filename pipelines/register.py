@@ -42,7 +42,7 @@ from thermal2visible.inference.registry import (
     registered_version,
 )
 from thermal2visible.inference.serving import ThermalToVisible
-from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
+from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
 from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run, read_record
 from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, git_tags, tracking_uri
 from thermal2visible.paths import CACHE, EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, REGISTERED
@@ -151,7 +151,7 @@ def register_new(
     evaluation_run: str,
     onnx_digest: str,
 ) -> Registered:
-    metadata = onnx_metadata(onnx_session(ONNX))
+    settings = exported_settings(onnx_session(ONNX), str(ONNX))
     git = git_tags()
     result = register(
         ONNX,
@@ -163,8 +163,8 @@ def register_new(
         lineage={
             "training_run_id": training_run,
             "evaluation_run_id": evaluation_run,
-            "fingerprint": metadata.get("fingerprint"),
-            "data_hash": metadata.get("data_hash"),
+            "fingerprint": settings.fingerprint,
+            "data_hash": settings.data_hash,
             ONNX_DIGEST: onnx_digest,
             GENERATOR_DIGEST: exported[GENERATOR_DIGEST],
             "git_commit": git.get("mlflow.source.git.commit"),
@@ -172,7 +172,7 @@ def register_new(
         },
         max_pixels=params.serve.max_pixels,
         max_model_pixels=params.serve.max_model_pixels,
-        training_manifest=trained_manifest(CACHE, metadata.get("data_hash")),
+        training_manifest=trained_manifest(CACHE, settings.data_hash),
         frames=TestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
     )
     gate = result.gate

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def test_override_is_parsed_as_yaml():
         ("train.channels_last=1", "train.channels_last: expected auto or true or false, got 1"),
         ("preprocess.image_size=100", "preprocess.image_size"),
         ("preprocess.percentiles=[99, 1]", "preprocess.percentiles"),
-        ("preprocess.val_fraction=0.9", "preprocess.val_fraction"),
+        ("preprocess.val_fraction=0.9", "preprocess.test_fraction: 0.15 + val_fraction 0.9 must be < 1"),
+        ("preprocess.fixed_range=[5, 5]", "preprocess.fixed_range: [5.0, 5.0] must be finite and increasing"),
+        ("preprocess.image_size=-64", "preprocess.image_size: -64: should be greater than or equal to 16"),
         ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
         ("serve.max_model_pixels=4000", "serve.max_model_pixels: 4000 is less than one 64x64 training square"),
         ("train", "expected section.key=value"),
@@ -53,7 +56,7 @@ def test_override_is_parsed_as_yaml():
 )
 def test_bad_values_name_their_key(override, named):
     overrides = [override] if override != "train.batch_size=3" else [override, "train.devices=2"]
-    with pytest.raises(ConfigError, match=named.replace("[", r"\[")):
+    with pytest.raises(ConfigError, match=re.escape(named)):
         load_params(REPO_PARAMS, overrides)
 
 

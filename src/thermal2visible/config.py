@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
 from thermal2visible.errors import ConfigError
@@ -66,20 +67,44 @@ class IngestConfig:
 
 @dataclass(frozen=True, config=SCHEMA)
 class PreprocessConfig:
-    image_size: int = weights()
+    """Checked by range wherever it is read: params.yaml, and the copy stored in a cache, a payload or an ONNX file."""
+
+    image_size: Annotated[int, Field(ge=16)] = weights()  # each generator adds its own rule (_check)
     face_crop: bool = weights()
-    crop_margin: float = weights()
+    crop_margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = weights()
     thermal_norm: Literal["percentile", "fixed", "temperature"] = weights()
     percentiles: tuple[float, float] = weights()
     fixed_range: tuple[float, float] = weights()
     temperature_range: tuple[float, float] = weights()
     split_by: Literal["random", "identity", "sequence"] = weights()
-    val_fraction: float = weights()
-    test_fraction: float = weights()
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = weights()
+    test_fraction: Annotated[float, Field(ge=0, lt=1)] = weights()
     seed: int = weights()
-    jitter_scale: float = weights()
+    jitter_scale: Annotated[float, Field(ge=1, allow_inf_nan=False)] = weights()  # resize up, then crop back
     align: bool = weights()
-    align_max_residual: float = weights()
+    align_max_residual: Annotated[float, Field(gt=0, allow_inf_nan=False)] = weights()  # pixels
+
+    @field_validator("percentiles")
+    @classmethod
+    def _ordered_percentiles(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not 0 <= value[0] < value[1] <= 100:
+            raise ValueError(f"{list(value)} must be increasing within [0, 100]")
+        return value
+
+    @field_validator("fixed_range", "temperature_range")
+    @classmethod
+    def _finite_increasing(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
+            raise ValueError(f"{list(value)} must be finite and increasing")
+        return value
+
+    @field_validator("test_fraction")
+    @classmethod
+    def _leaves_training_data(cls, value: float, info: ValidationInfo) -> float:
+        val_fraction = info.data.get("val_fraction", 0.0)  # absent when it failed its own check
+        if val_fraction + value >= 1:
+            raise ValueError(f"{value} + val_fraction {val_fraction} must be < 1 (the rest is the training split)")
+        return value
 
 
 @dataclass(frozen=True, config=SCHEMA)
@@ -228,12 +253,18 @@ def added_later() -> dict[tuple[str, str], object]:
     }
 
 
+def upgraded(section: str, settings: dict) -> dict:
+    """A section as stored by an older version, with each key added since at the value those files were made with."""
+    return {key: before for (name, key), before in added_later().items() if name == section} | settings
+
+
 def stored_section(section: str, settings: dict):
-    """A section as stored with a model or cache (JSON: lists for tuples) -> its settings. A key added since takes
-    the value those files were made with; any other missing key means the file is not one this code can read."""
-    upgraded = {key: before for (name, key), before in added_later().items() if name == section} | settings
+    """A section as stored with a model or cache (JSON: lists for tuples) -> its settings, checked by type and range.
+    A key added since takes the value those files were made with; any other missing key means the file is not one
+    this code can read."""
+    upgraded_settings = upgraded(section, settings)
     try:
-        return TypeAdapter(SECTIONS[section]).validate_json(json.dumps(upgraded))
+        return TypeAdapter(SECTIONS[section]).validate_json(json.dumps(upgraded_settings))
     except ValidationError as error:
         missing = "written before this key existed; run the stage that wrote the file again"
         raise ConfigError(
@@ -271,6 +302,8 @@ def _reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAM
         return f"{where}: expected a mapping of keys, got {value!r}"
     if kind == "missing" and not inside_a_list:
         return f"{where}: missing ({missing})"
+    if kind == "value_error":  # a validator's own words
+        return f"{where}: {problem['ctx']['error']}"
     if typing.get_origin(annotation) is tuple:
         return f"{where}: expected a list of {len(typing.get_args(annotation))} numbers, got {value!r}"
     if typing.get_origin(annotation) is typing.Union:
@@ -284,7 +317,9 @@ def _reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAM
         "bool_type": "true or false",
         "string_type": "a string",
     }.get(kind)
-    return f"{where}: expected {expected}, got {value!r}" if expected else f"{where}: {problem['msg']}"
+    if expected:
+        return f"{where}: expected {expected}, got {value!r}"
+    return f"{where}: {value!r}: {problem['msg'].replace('Input should', 'should')}"  # a Field constraint
 
 
 def _words(annotation: object) -> str:
@@ -297,14 +332,14 @@ def _words(annotation: object) -> str:
 def _check(params: Params) -> None:
     """Rules that span more than one value."""
     size, m = params.preprocess.image_size, params.model
-    if m.generator == "unet" and (size < 16 or size & (size - 1)):
+    if m.generator == "unet" and size & (size - 1):
         raise ConfigError(
             f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1; "
             "model.generator: resnet takes any multiple of 4)"
         )
-    if m.generator == "resnet" and (size < 16 or size % 4):
+    if m.generator == "resnet" and size % 4:
         raise ConfigError(
-            f"preprocess.image_size: {size} must be a multiple of 4 >= 16 for model.generator: resnet "
+            f"preprocess.image_size: {size} must be a multiple of 4 for model.generator: resnet "
             "(it halves the image twice and doubles it back)"
         )
     if size >> (m.discriminator_scales - 1) < 16:
@@ -315,14 +350,6 @@ def _check(params: Params) -> None:
         )
     if not 0 <= m.dropout < 1:
         raise ConfigError(f"model.dropout: {m.dropout} must be in [0, 1) (1 would drop every activation)")
-    p = params.preprocess
-    if not 0 <= p.val_fraction < 1 or not 0 <= p.test_fraction < 1 or p.val_fraction + p.test_fraction >= 1:
-        raise ConfigError("preprocess.val_fraction/test_fraction: each in [0, 1) and their sum < 1")
-    if not 0 <= p.percentiles[0] < p.percentiles[1] <= 100:
-        raise ConfigError(f"preprocess.percentiles: {list(p.percentiles)} must be increasing within [0, 100]")
-    for key in ("fixed_range", "temperature_range"):
-        if not getattr(p, key)[0] < getattr(p, key)[1]:
-            raise ConfigError(f"preprocess.{key}: {list(getattr(p, key))} must be increasing")
     t = params.train
     if t.lambda_feat < 0:
         raise ConfigError(f"train.lambda_feat: {t.lambda_feat} must be >= 0 (0 disables feature matching)")
@@ -361,10 +388,6 @@ def _check(params: Params) -> None:
             "synthesize.scene: portrait frames are square single shots (aspect 1, sequence_length 1); "
             "wide frames in sequences are synthesize.scene: camera"
         )
-    if p.align_max_residual <= 0:
-        raise ConfigError(f"preprocess.align_max_residual: {p.align_max_residual} must be > 0 (pixels)")
-    if p.jitter_scale < 1:
-        raise ConfigError(f"preprocess.jitter_scale: {p.jitter_scale} must be >= 1 (resize up, then crop back)")
 
 
 def apply_override(raw: dict, override: str) -> None:

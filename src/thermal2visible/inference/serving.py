@@ -42,10 +42,10 @@ import tifffile
 from PIL import Image
 
 from thermal2visible.data.images import BadImage, decode_image
-from thermal2visible.config import PreprocessConfig, stored_section
+from thermal2visible.config import PreprocessConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.frames import model_size, translate_frame
-from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
+from thermal2visible.inference.session import ExportedSettings, exported_settings, onnx_session, run_onnx
 from thermal2visible.pixels import quantise
 from thermal2visible.private_apis import KeepsItsMessage
 
@@ -133,9 +133,9 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
         self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # None: packed before it was recorded
-        metadata = onnx_metadata(self.session)
-        self.preprocess = stored_section("preprocess", metadata["preprocess"])
-        self.in_channels = metadata["in_channels"]
+        settings = exported_settings(self.session, context.artifacts["onnx"])
+        self.preprocess = settings.preprocess
+        self.in_channels = settings.in_channels
         self.max_pixels = int(context.model_config["max_pixels"])
         self.max_model_pixels = int(context.model_config["max_model_pixels"])
 
@@ -211,17 +211,15 @@ class ThermalKind:
         )
 
 
-def thermal_kind(metadata: dict[str, object], where: str) -> ThermalKind:
-    """The kind of frame of an .onnx's `onnx_metadata`; a PipelineError naming `where` for an export that did not
+def thermal_kind(settings: ExportedSettings, where: str) -> ThermalKind:
+    """The kind of frame of an .onnx's settings; a PipelineError naming `where` for an export that did not
     record it."""
-    if "thermal_dtype" not in metadata:
+    if settings.thermal_dtype is None:
         raise PipelineError(
             f"{where}: its metadata does not say which kind of thermal frame it was trained on "
             "(exported before models recorded thermal_dtype): run the export stage again"
         )
-    return ThermalKind(
-        metadata["thermal_dtype"], metadata["in_channels"], stored_section("preprocess", metadata["preprocess"])
-    )
+    return ThermalKind(settings.thermal_dtype, settings.in_channels, settings.preprocess)
 
 
 def image_formats(kind: ThermalKind) -> dict[str, str]:
@@ -277,7 +275,7 @@ def pyfunc_arguments(
     not installed. A registered version also carries the cache manifest it was trained on (`training_manifest`):
     which frames it learnt from.
     """
-    kind = thermal_kind(onnx_metadata(onnx_session(onnx_path)), str(onnx_path))
+    kind = thermal_kind(exported_settings(onnx_session(onnx_path), str(onnx_path)), str(onnx_path))
     artifacts = {"onnx": str(onnx_path)} | ({TRAINING_MANIFEST: str(training_manifest)} if training_manifest else {})
     with packed_code() as code:
         yield dict(

@@ -1,0 +1,67 @@
+"""Every setting an ONNX file carries is checked by type and range when a model is loaded: a tampered or broken file
+is refused naming the file, the key and the value, instead of serving one image for every input or failing with an
+internal error on the first request."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import onnx
+import pytest
+from tiny_model import export_tiny
+
+from thermal2visible.errors import PipelineError
+from thermal2visible.inference.registered import model_of_files
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_cache, tmp_path_factory):
+    return export_tiny(tmp_path_factory.mktemp("exported"), tiny_cache)
+
+
+def tampered(source, target, change) -> str:
+    model = onnx.load(str(source))
+    metadata = {prop.key: json.loads(prop.value) for prop in model.metadata_props}
+    change(metadata)
+    del model.metadata_props[:]
+    onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in metadata.items()})
+    onnx.save(model, str(target))
+    return str(target)
+
+
+def set_preprocess(key, value):
+    return lambda metadata: metadata["preprocess"].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (set_preprocess("percentiles", [99, 1]), "metadata preprocess.percentiles: [99.0, 1.0] must be increasing"),
+        (set_preprocess("percentiles", [-50, 500]), "preprocess.percentiles: [-50.0, 500.0] must be increasing"),
+        (set_preprocess("fixed_range", [5, 5]), "preprocess.fixed_range: [5.0, 5.0] must be finite and increasing"),
+        (set_preprocess("fixed_range", [1e30, -1e30]), "preprocess.fixed_range: [1e+30, -1e+30] must be finite"),
+        (set_preprocess("image_size", -64), "preprocess.image_size: Input should be greater than or equal to 16"),
+        (lambda metadata: metadata.__setitem__("image_size", 1), "metadata image_size: Input should be greater"),
+        (
+            lambda metadata: metadata["preprocess"].pop("thermal_norm"),
+            "metadata preprocess.thermal_norm: Field required",
+        ),
+        (lambda metadata: metadata.pop("preprocess"), "metadata preprocess: Field required"),
+        (lambda metadata: metadata.__setitem__("in_channels", 3), "metadata in_channels 3 but the graph's thermal"),
+        (lambda metadata: metadata.__setitem__("in_channels", "1"), "metadata in_channels: Input should be 1 or 3"),
+    ],
+)
+def test_a_tampered_setting_is_refused_naming_the_file_key_and_value(exported, tmp_path, change, named):
+    path = tampered(exported, tmp_path / "tampered.onnx", change)
+    with pytest.raises(PipelineError, match=re.escape(f"{path}: ") + ".*" + re.escape(named)):
+        model_of_files({"onnx": path}, max_pixels=10**6, max_model_pixels=10**6)
+
+
+def test_the_exported_settings_load_unchanged(exported, tmp_path):
+    """The check refuses what is wrong, not what export writes: a file rewritten with its own metadata loads."""
+    path = tampered(exported, tmp_path / "same.onnx", lambda metadata: None)
+    assert (
+        model_of_files({"onnx": path}, 10**6, 10**6).preprocess
+        == model_of_files({"onnx": str(exported)}, 10**6, 10**6).preprocess
+    )
