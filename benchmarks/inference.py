@@ -42,6 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from benchmarks.common import (
     PAPER_MODEL,
+    SHIPPED,
     RAW_SIDE,
     GemmPeaks,
     add_report_option,
@@ -65,7 +66,7 @@ from thermal2visible.inference.export import (
     run_torch,
 )
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
-from thermal2visible.inference.serving import IMAGE, pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments  # noqa: E402
 from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
 from thermal2visible.training.precision import cpu_has_native_bf16  # noqa: E402
 
@@ -228,7 +229,7 @@ def main() -> None:
         serving = None
         if not args.no_rest:
             model_dir = scratch / "pyfunc"
-            with pyfunc_arguments(fp32, max_pixels=16_000_000, max_model_pixels=1_048_576) as arguments:
+            with pyfunc_arguments(fp32, ServedLimits.of(SHIPPED.serve)) as arguments:
                 mlflow.pyfunc.save_model(str(model_dir), **arguments)
             serving = rest_vs_in_process(model_dir, args.size, args.requests, args.rounds, scratch)
     rows = []

@@ -35,7 +35,7 @@ from benchmarks.inference import request_frame  # noqa: E402  (the frame the inf
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.inference.export import export_generator  # noqa: E402
 from thermal2visible.models.generator import UNetGenerator  # noqa: E402
-from thermal2visible.inference.serving import IMAGE, pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments  # noqa: E402
 
 from thermal2visible.dev.servers import model_server  # noqa: E402
 
@@ -52,7 +52,7 @@ def served_model(folder: Path, size: int, ngf: int) -> Path:
     generator, payload = load_generator(folder / "generator.pt")
     # thermal_dtype: the kind of frame the clients send (16-bit PNGs)
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype="uint16")
-    with pyfunc_arguments(folder / "generator.onnx", max_pixels=16_000_000, max_model_pixels=1_048_576) as arguments:
+    with pyfunc_arguments(folder / "generator.onnx", ServedLimits.of(SHIPPED.serve)) as arguments:
         mlflow.pyfunc.save_model(str(folder / "pyfunc"), **arguments)
     return folder / "pyfunc"
 

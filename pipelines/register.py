@@ -41,7 +41,7 @@ from thermal2visible.inference.registry import (
     registered_model_name,
     registered_version,
 )
-from thermal2visible.inference.serving import ThermalToVisible
+from thermal2visible.inference.serving import ServedLimits, ThermalToVisible
 from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
 from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run, read_record
 from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, git_tags, tracking_uri
@@ -170,8 +170,7 @@ def register_new(
             "git_commit": git.get("mlflow.source.git.commit"),
             "git_dirty": git.get("git_dirty"),
         },
-        max_pixels=params.serve.max_pixels,
-        max_model_pixels=params.serve.max_model_pixels,
+        limits=ServedLimits.of(params.serve),
         training_manifest=trained_manifest(CACHE, settings.data_hash),
         frames=TestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
     )

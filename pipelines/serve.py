@@ -1,30 +1,27 @@
-"""Serve a registered model over REST on params.yaml's serve.host and serve.port: `mlflow models serve`, no more.
+"""Serve a registered model over REST on params.yaml's serve.host and serve.port: MLflow's scoring server, guarded.
 
     python pipelines/serve.py [--model models:/thermal2visible-portrait@champion] [--set serve.port=5002]
 
 (`make serve [PORT=5002] [MODEL=...]` runs it.) The default model is the champion of the registered model that
-params.yaml's data go to (inference.registry.registered_model_name). The request limits (serve.max_pixels,
-serve.max_model_pixels) travel inside the model."""
+params.yaml's data go to (inference.registry.registered_model_name). The server is the one `mlflow models serve`
+runs, in this environment, with a cap on the request body (serve.max_request_bytes) and error replies that never
+echo the request (inference.rest); the other limits travel inside the model (inference.serving.ServedLimits).
+MLflow's MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT (seconds, default 60) sets the request timeout."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import sys
 
 from thermal2visible.cli import run_stage
 from thermal2visible.config import Params
 from thermal2visible.inference.registry import CHAMPION, registered_model_name
+from thermal2visible.inference.rest import serve
 
 
 def main(params: Params, args: argparse.Namespace) -> None:
     model = args.model or f"models:/{registered_model_name(params)}@{CHAMPION}"
-    mlflow = shutil.which("mlflow") or sys.exit("error: no `mlflow` on PATH: activate the project's venv")
-    command = [mlflow, "models", "serve", "-m", model, "--env-manager", "local"]
-    command += ["-h", params.serve.host, "-p", str(params.serve.port)]
-    print(" ".join(command), flush=True)
-    os.execv(mlflow, command)
+    print(f"serving {model} on http://{params.serve.host}:{params.serve.port}/invocations", flush=True)
+    serve(model, params.serve.host, params.serve.port, params.serve.max_request_bytes)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ with it. A bad image is reported by name and skipped; the command then exits 1. 
 .mkv): every frame is translated by the same model code, one at a time (memory does not grow with the video's
 length), into a video of the same frame count, size and frame rate (H.264); a frame that cannot be decoded
 stops the run naming the frame, and no output file is left behind.
+
+The output may not be the input, lie inside it or contain it (as the paths lead, through symbolic links): such a
+run is refused, naming both paths, before the model is loaded or anything is written, and exits 1. A translation
+would overwrite the thermal originals with visible PNGs, or mix its outputs among them.
 """
 
 from __future__ import annotations
@@ -45,6 +49,38 @@ def load_model(model: str, max_pixels: int, max_model_pixels: int, scratch: Path
         return load_registered(model, scratch, max_pixels, max_model_pixels)
     except MlflowException as error:
         raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Whether two resolved paths are one file or folder (also through a hard link or a second mount)."""
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def refuse_overlap(source: Path, target: Path) -> None:
+    """Refuse an output that is the input, lies inside it or contains it, as the paths resolve through symbolic
+    links: translating would overwrite the originals or mix outputs among them. Checks paths only: nothing is read
+    or written."""
+    real_source, real_target = source.resolve(), target.resolve()
+    if _same(real_target, real_source):
+        how = "is the input"
+    elif any(_same(folder, real_source) for folder in real_target.parents):
+        how = "lies inside the input"
+    elif any(_same(folder, real_target) for folder in real_source.parents):
+        how = "contains the input"
+    else:
+        return
+    resolved = (
+        f" ({real_target} and {real_source} once links are followed)"
+        if (real_target, real_source) != (Path(os.path.abspath(target)), Path(os.path.abspath(source)))
+        else ""
+    )
+    raise PipelineError(
+        f"--output {target} {how} {source}{resolved}: refused, so that no input is overwritten and no output "
+        "mixes with the inputs; choose an output outside the input"
+    )
 
 
 def find_images(folder: Path) -> list[Path]:
@@ -101,6 +137,7 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     video = args.input.suffix.lower() in VIDEO_SUFFIXES
     try:
+        refuse_overlap(args.input, args.output)  # before anything is loaded or written
         images = [] if video else find_images(args.input)
         with tempfile.TemporaryDirectory() as scratch:
             model = load_model(args.model, args.max_pixels, args.max_model_pixels, Path(scratch))

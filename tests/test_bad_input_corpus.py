@@ -19,10 +19,11 @@ from corpus import bad_requests, write_bad_files, write_bad_videos
 from mlflow import MlflowClient
 from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server, model_server
+from shipped import shipped
 from tiny_model import export_tiny
 
 from thermal2visible.inference.registry import register
-from thermal2visible.inference.serving import max_encoded_length
+from thermal2visible.inference.serving import ServedLimits, max_encoded_length
 
 pytestmark = pytest.mark.slow
 MAX_PIXELS = 100_000  # served model
@@ -88,8 +89,7 @@ def served(tmp_path_factory, tiny_cache):
                 parity_passed=True,
                 metrics={},
                 lineage={},
-                max_pixels=MAX_PIXELS,
-                max_model_pixels=1_048_576,
+                limits=ServedLimits.of(shipped("serve", max_pixels=MAX_PIXELS)),
                 training_manifest=None,
             )
         with model_server("models:/corpus@champion", tmp_path_factory.mktemp("serve"), tracking_uri) as url:
@@ -124,7 +124,7 @@ def test_every_broken_request_is_refused_clearly_and_the_server_lives_on(served)
                 (f"status {response.status_code}", response.status_code != case.status),
                 ("message", case.phrase not in message),
                 ("traceback", "Traceback" in response.text or "stack_trace" in response.text),
-                (f"echo {len(response.content)} B", len(response.content) > 2048 and not case.known_gap),
+                (f"echo {len(response.content)} B", len(response.content) > 2048),
                 ("server died", not alive),
             )
             if bad
@@ -136,7 +136,7 @@ def test_every_broken_request_is_refused_clearly_and_the_server_lives_on(served)
                 response.status_code,
                 len(response.content),
                 "ok" if not problems else "FAIL",
-                case.known_gap or message[:60].replace("\n", " "),
+                message[:60].replace("\n", " "),
             )
         )
     print("\n" + table(rows, ("case", "status", "bytes", "outcome", "message / known MLflow gap")))

@@ -253,10 +253,10 @@ def test_ingest_script_skip_writes_the_report_and_the_index(dataset, write_param
 
 def test_a_users_folder_goes_through_ingest_and_preprocess_unchanged(tmp_path, write_params, run_stage_script):
     """16-bit thermal + RGB visible JPEGs in identity folders, bigger than the model's input, not square."""
-    for person in ("alice", "bob", "carol", "dave"):
+    for number, person in enumerate(("alice", "bob", "carol", "dave")):
         for shot in range(3):
             frame = np.full((60, 80), 29_400, np.uint16)
-            frame[10:45, 25:55] = 30_700 + 100 * shot  # a warm face somewhere in the frame
+            frame[10:45, 25:55] = 30_700 + 100 * shot + 10 * number  # a warm face somewhere; no two frames alike
             write_image(tmp_path / f"camera/thermal/{person}/{shot:04d}.png", frame)
             write_image(tmp_path / f"camera/visible/{person}/{shot:04d}.jpg", rgb(60, 80))
     write_params(
@@ -300,3 +300,115 @@ def test_rgba_and_exif_rotated_visible_pair_with_their_thermal(tmp_path):
     assert "visible image has float32 samples" in reasons["float_visible.tiff"]
     thermal, visible = read_pair(root, index["pairs"][1], "pairs", 10**6)
     assert thermal.shape == visible.shape[:2] == (12, 20)
+
+
+def copy(root, source, target):
+    (root / target).parent.mkdir(parents=True, exist_ok=True)
+    (root / target).write_bytes((root / source).read_bytes())
+
+
+def test_a_byte_identical_pair_under_another_name_is_refused_naming_both(dataset):
+    """A copy of a pair under another name could land in training and in test at once: both files are named,
+    each with the file it repeats."""
+    copy(dataset, "thermal/p/a.png", "thermal/q/copy.png")
+    copy(dataset, "visible/p/a.png", "visible/q/copy.png")
+    with pytest.raises(IngestError) as caught:
+        ingest(dataset, "pairs", FAIL)
+    assert [(p.file, p.reason) for p in caught.value.problems] == [
+        (
+            str(dataset / f"{kind}/q/copy.png"),
+            f"duplicate of {dataset / kind}/p/a.png: the same {kind} pixels "
+            "(copies in two splits would inflate the test scores)",
+        )
+        for kind in ("thermal", "visible")
+    ]
+    assert f"{dataset}/thermal/q/copy.png: duplicate of {dataset}/thermal/p/a.png" in str(caught.value)
+
+
+def test_skip_keeps_the_first_copy_by_name_and_each_side_is_compared_alone(dataset):
+    """Thermal and visible images are compared each on their own: a thermal frame seen in training leaks into test
+    whatever its partner. The same picture in another lossless format is the same picture."""
+    copy(dataset, "thermal/p/b.png", "thermal/a/first.png")  # sorts before p/b: it is the one kept
+    write_image(dataset / "visible/a/first.png", rgb())
+    write_image(dataset / "thermal/p/d.png", thermal16())
+    copy(dataset, "visible/p/c.png", "visible/p/d.png")  # only the visible side repeats
+    write_image(dataset / "thermal/p/e.tiff", np.asarray(Image.open(dataset / "thermal/p/a.png")))  # re-encoded
+    write_image(dataset / "visible/p/e.png", rgb())
+    index, problems = ingest(dataset, "pairs", SKIP)
+    assert [p["thermal"] for p in index["pairs"]] == ["thermal/a/first.png", "thermal/p/a.png", "thermal/p/c.png"]
+    assert [(p.file, p.reason.split(":")[0]) for p in problems] == [
+        (str(dataset / "thermal/p/b.png"), f"duplicate of {dataset}/thermal/a/first.png"),
+        (str(dataset / "visible/p/d.png"), f"duplicate of {dataset}/visible/p/c.png"),
+        (str(dataset / "thermal/p/e.tiff"), f"duplicate of {dataset}/thermal/p/a.png"),
+    ]
+    assert "the same visible pixels" in problems[1].reason
+
+
+def test_side_by_side_copies_in_two_split_folders_are_refused(tmp_path):
+    """The user's own train/ and test/ folders holding the same picture, and a picture whose thermal half
+    repeats another's: each named with the file it repeats."""
+    root = tmp_path / "ab"
+    write_image(root / "train/x.png", rgb(8, 16))
+    copy(root, "train/x.png", "test/y.png")
+    left = np.asarray(Image.open(root / "train/x.png"))[:, :8]
+    write_image(root / "val/z.png", np.hstack([left, rgb()]))
+    with pytest.raises(IngestError) as caught:
+        ingest(root, "side_by_side", FAIL)
+    assert [(p.file, p.reason.split(" (")[0]) for p in caught.value.problems] == [
+        (str(root / "train/x.png"), f"duplicate of {root}/test/y.png: the same thermal and visible pixels"),
+        (str(root / "val/z.png"), f"duplicate of {root}/test/y.png: the same thermal pixels"),
+    ]
+
+
+def test_the_index_of_pairs_without_copies_is_unchanged(dataset):
+    """Distinct pairs: no problem, and index entries keep exactly their fields (the index file's format)."""
+    index, problems = ingest(dataset, "pairs", FAIL)
+    assert problems == []
+    assert [sorted(p) for p in index["pairs"]] == [["identity", "sha256", "split", "thermal", "visible"]] * 3
+    assert sorted(index) == ["layout", "pairs", "root", "thermal_channels", "visible_channels"]
+
+
+FORGED = "ingest: 20 pairs from data, no problems"
+BAD_NAME = "name holds a control character or a line break (shown escaped); rename it"
+
+
+@pytest.mark.parametrize("control", ["\n", "\r", "\t", "\x1b", "\x85", "\u2028"], ids=repr)
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_a_name_with_a_control_character_is_refused_and_shown_escaped(dataset, control, where):
+    """Named as Python writes it (repr), whatever the name holds: one line per problem, none forged."""
+    name = f"x{control}{FORGED}"
+    relative = f"p/{name}.png" if where == "file" else f"{name}/a.png"
+    for kind, image in (("thermal", thermal16()), ("visible", rgb())):
+        write_image(dataset / kind / relative, image)
+    refused = [dataset / kind / (relative if where == "file" else name) for kind in ("thermal", "visible")]
+    with pytest.raises(IngestError) as caught:
+        ingest(dataset, "pairs", FAIL)
+    assert [(p.file, p.reason) for p in caught.value.problems] == [
+        (repr(str(path)), f"{where} {BAD_NAME}") for path in refused
+    ]
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 3 and all(line.startswith(f"  '{dataset}/") for line in lines[1:])
+    assert str(caught.value).count(control) == (2 if control == "\n" else 0)  # only the list's own line breaks
+    index, problems = ingest(dataset, "pairs", SKIP)  # the good pairs stay
+    assert len(index["pairs"]) == 3 and [p.file for p in problems] == [repr(str(path)) for path in refused]
+
+
+def test_a_file_name_cannot_forge_lines_of_the_ingest_stage_output(dataset, write_params, run_stage_script):
+    """The stage's error list and its report: one escaped entry per refused file, no line of the name's own."""
+    name = f"faces/thermal/p/x\n{FORGED}\n.png"
+    project = dataset.parent
+    write_image(project / name, thermal16())
+    write_params(project, f"data.source={dataset.name}")
+    result = run_stage_script("ingest.py", project)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr[result.stderr.index("error: ") :].splitlines() == [  # after the progress bar
+        "error: faces: 1 bad file(s) (set ingest.on_error: skip to leave them out)",
+        f"  {name!r}: file {BAD_NAME}",
+    ]
+    report = json.loads((project / "reports/ingest_errors.json").read_text())
+    assert report == [{"file": repr(name), "reason": f"file {BAD_NAME}"}]
+    skipped = run_stage_script("ingest.py", project, "--set", "ingest.on_error=skip")
+    assert (
+        skipped.stdout.splitlines()[-1]
+        == "ingest: 3 pairs from faces, 1 bad file(s) skipped (see reports/ingest_errors.json)"
+    )

@@ -168,7 +168,7 @@ def test_temperature_maps_normalise_by_the_fixed_range(tmp_path):
     frames = [np.full((16, 16), 30.0, np.float32) for _ in range(5)]
     for k, frame in enumerate(frames):
         frame[:4, :4] = 20.0 + 5 * k  # other content that percentile normalisation would react to
-    visible = [np.zeros((16, 16, 3), np.uint8)] * 5
+    visible = [np.full((16, 16, 3), k, np.uint8) for k in range(5)]  # distinct: ingest refuses duplicates
     write_pairs(tmp_path / "celsius", frames, visible, [f"{k}" for k in range(5)])
     cfg = dataclasses.replace(
         CFG, thermal_norm="temperature", temperature_range=(20.0, 40.0), val_fraction=0.2, test_fraction=0.2

@@ -17,7 +17,7 @@ import onnx
 import pytest
 from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
-from shipped import SHIPPED_FROM
+from shipped import SHIPPED_FROM, shipped
 from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server
 from tiny_model import export_tiny, write_stage_record
@@ -28,7 +28,7 @@ from thermal2visible.data.images import decode_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.registry import CHALLENGER, CHAMPION, gate, register
-from thermal2visible.inference.serving import IMAGE, pyfunc_arguments
+from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +78,7 @@ def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, frames=No
         test_psnr=psnr,
         parity_passed=parity,
         metrics={"parity_max_abs_error": 1e-7},
-        max_pixels=1_000_000,
-        max_model_pixels=1_048_576,
+        limits=ServedLimits.of(shipped("serve")),
         training_manifest=None,
         frames=frames,
         lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None},
@@ -336,11 +335,11 @@ def test_a_registered_model_carries_an_example_of_the_frames_it_was_trained_on(c
 
 
 def test_a_model_that_fails_on_its_own_example_is_not_registered(client, onnx_model, tmp_path):
-    """An .onnx whose metadata disagrees with its graph (preprocess resizes to half the graph's size) cannot
+    """An .onnx whose settings agree with each other but not with its graph (half the graph's size) cannot
     translate anything: registration stops, naming the file, and no version appears."""
     broken = onnx.load(onnx_model)
     props = {prop.key: json.loads(prop.value) for prop in broken.metadata_props}
-    props["preprocess"]["image_size"] = props["image_size"] // 2
+    props["image_size"] = props["preprocess"]["image_size"] = props["image_size"] // 2  # not the graph's
     onnx.helper.set_model_props(broken, {key: json.dumps(value) for key, value in props.items()})
     onnx.save_model(broken, tmp_path / "broken.onnx")
     with pytest.raises(PipelineError, match="broken.onnx: the packed model fails on its own input example"):
@@ -365,7 +364,7 @@ def test_a_tampered_version_runs_no_code_in_translate_or_the_gate(client, tracki
     (tmp_path / "tampered.py").write_text(TAMPERED_CODE)
     mlflow.set_experiment("registry-tests")
     with mlflow.start_run():
-        with pyfunc_arguments(onnx_file, 1_000_000, 1_048_576, tiny_cache / MANIFEST) as arguments:
+        with pyfunc_arguments(onnx_file, ServedLimits.of(shipped("serve")), tiny_cache / MANIFEST) as arguments:
             arguments["python_model"] = str(tmp_path / "tampered.py")
             logged = mlflow.pyfunc.log_model(name="model", **arguments)
     client.create_registered_model("tampered")

@@ -19,16 +19,19 @@ import tifffile
 import torch
 from PIL import Image
 from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
+from shipped import shipped
 from tiny_model import export_tiny
 
 from thermal2visible.config import load_params
+from thermal2visible.data.images import decode_image
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.paths import PARAMS
 from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.inference.serving import (
+    ServedLimits,
     ServingError,
     bad_request,
-    decode_row,
+    row_bytes,
     max_encoded_length,
     pyfunc_arguments,
 )
@@ -66,7 +69,7 @@ def listening_addresses(port: int) -> set[str]:
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the listening sockets from Linux's /proc")
 def test_mlflow_servers_listen_on_loopback_only_when_no_host_is_given(tmp_path, tiny_cache):
     onnx_path = export_tiny(tmp_path, tiny_cache)
-    with pyfunc_arguments(onnx_path, max_pixels=10_000, max_model_pixels=1_048_576) as arguments:
+    with pyfunc_arguments(onnx_path, ServedLimits.of(shipped("serve", max_pixels=10_000))) as arguments:
         mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     port = free_port()
     tracking = [
@@ -174,9 +177,9 @@ def test_request_size_limit_refuses_before_decoding_yet_fits_every_valid_image()
         for height, width in ((100, 100), (max_pixels, 1)):  # one pixel a row: the most per-row overhead
             value = encoded(pixels.reshape(height, width, 3), kind)
             assert len(value) <= max_encoded_length(max_pixels), (kind, height, width)
-            assert decode_row(value, 0, max_pixels).shape == (height, width, 3)
+            assert decode_image(row_bytes(value, 0, max_pixels), "row 0", max_pixels).shape == (height, width, 3)
     with pytest.raises(ServingError, match=r"row 3: \d+ base64 characters; an image within max_pixels 10000"):
-        decode_row("A" * (max_encoded_length(max_pixels) + 4), 3, max_pixels)
+        row_bytes("A" * (max_encoded_length(max_pixels) + 4), 3, max_pixels)
 
 
 def test_a_serving_error_keeps_its_message_when_mlflow_rewrites_it():

@@ -21,7 +21,7 @@ import tifffile
 import yaml
 from mlflow.exceptions import MlflowException
 from PIL import Image
-from shipped import SHIPPED_TEXT
+from shipped import SHIPPED_TEXT, shipped
 from thermal2visible.dev.servers import free_port, mlflow_server, model_server, quiet_env, running
 from conftest import run_script
 from tiny_model import export_tiny
@@ -29,12 +29,21 @@ from tiny_model import export_tiny
 from thermal2visible.data.images import read_image
 from thermal2visible.paths import MANIFEST
 from thermal2visible.inference.registry import register
-from thermal2visible.inference.serving import IMAGE, PACKAGE, PACKED, png_bytes, pyfunc_arguments, to_base64
+from thermal2visible.inference.serving import (
+    IMAGE,
+    PACKAGE,
+    PACKED,
+    ServedLimits,
+    png_bytes,
+    pyfunc_arguments,
+    to_base64,
+)
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PIXELS = 100_000
 MAX_MODEL_PIXELS = 100_000  # the tiny model's 32 px squares: a 97:1 strip at most
+LIMITS = ServedLimits.of(shipped("serve", max_pixels=MAX_PIXELS, max_model_pixels=MAX_MODEL_PIXELS))
 MODEL_URI = "models:/served@champion"
 
 
@@ -88,8 +97,7 @@ def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFu
             parity_passed=True,
             metrics={},
             lineage={},
-            max_pixels=MAX_PIXELS,
-            max_model_pixels=MAX_MODEL_PIXELS,
+            limits=LIMITS,
             training_manifest=tiny_cache / MANIFEST,
         )
         return mlflow.pyfunc.load_model(MODEL_URI)
@@ -329,7 +337,7 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
         done = run_script(stage, project)
         assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
-    with pyfunc_arguments(project / "models" / "generator.onnx", MAX_PIXELS, MAX_MODEL_PIXELS) as arguments:
+    with pyfunc_arguments(project / "models" / "generator.onnx", LIMITS) as arguments:
         mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     with model_server(str(tmp_path / "pyfunc"), tmp_path / "serve") as base:
         response = invoke(base, {"inputs": {IMAGE: FRAMES[:1]}})
@@ -338,13 +346,14 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
 
 
 def test_a_fault_in_the_model_is_a_500_without_traceback(tmp_path, tiny_cache):
-    """An .onnx whose metadata disagrees with its graph (preprocess resizes to 16 px, the graph wants 32 px)."""
+    """An .onnx whose settings agree with each other but not with its graph (16 px squares; the U-Net takes 32 px):
+    only running it shows the fault."""
     model = onnx.load(export_tiny(tmp_path, tiny_cache))
     props = {prop.key: json.loads(prop.value) for prop in model.metadata_props}
-    props["preprocess"]["image_size"] = props["image_size"] // 2
+    props["image_size"] = props["preprocess"]["image_size"] = props["image_size"] // 2  # not the graph's
     onnx.helper.set_model_props(model, {key: json.dumps(value) for key, value in props.items()})
     onnx.save_model(model, tmp_path / "mismatched.onnx")
-    with pyfunc_arguments(tmp_path / "mismatched.onnx", MAX_PIXELS, MAX_MODEL_PIXELS) as arguments:
+    with pyfunc_arguments(tmp_path / "mismatched.onnx", LIMITS) as arguments:
         mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     with pytest.raises(MlflowException) as raised:
         mlflow.pyfunc.load_model(str(tmp_path / "pyfunc")).predict(pd.DataFrame({IMAGE: FRAMES[:1]}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tracemalloc
@@ -19,9 +20,10 @@ import tifffile
 from corpus import write_video
 from PIL import Image
 from thermal2visible.dev.servers import model_server
+from shipped import shipped
 from tiny_model import export_tiny
 
-from thermal2visible.inference.serving import IMAGE, pyfunc_arguments, to_base64
+from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments, to_base64
 from thermal2visible.inference.video import translate_video
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
@@ -37,7 +39,7 @@ def onnx_model(tmp_path_factory, tiny_cache) -> Path:
 @pytest.fixture(scope="module")
 def pyfunc_dir(onnx_model, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("pyfunc") / "model"
-    with pyfunc_arguments(onnx_model, max_pixels=1_000_000, max_model_pixels=1_048_576) as arguments:
+    with pyfunc_arguments(onnx_model, ServedLimits.of(shipped("serve", max_pixels=1_000_000))) as arguments:
         mlflow.pyfunc.save_model(path, **arguments)
     return path
 
@@ -143,6 +145,66 @@ def test_bad_arguments_say_what_is_wrong(onnx_model, frames, tmp_path, model, fo
     result = run_translate(model.format(onnx=onnx_model), source, tmp_path / "out")
     assert result.returncode == 1
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def tree(folder: Path) -> dict[str, bytes | str]:
+    """Every file (its bytes), folder ("") and symbolic link (its target) under `folder`, by relative path."""
+    found = {}
+    for parent, folders, files in os.walk(folder):  # links to folders are listed, not followed
+        for name in folders + files:
+            path = Path(parent, name)
+            if path.is_symlink():
+                found[str(path.relative_to(folder))] = f"-> {os.readlink(path)}"
+            else:
+                found[str(path.relative_to(folder))] = path.read_bytes() if name in files else ""
+    return found
+
+
+def overlapping(tmp_path: Path, frames: Path, case: str) -> tuple[Path, Path, str]:
+    """(input, output, how the refusal words it) of a case where the output is, holds or lies in the input."""
+    folder, video = tmp_path / "thermal", write_video(tmp_path / "thermal.mp4")
+    shutil.copytree(frames, folder)
+    (tmp_path / "link").symlink_to("thermal")
+    (tmp_path / "link.mp4").symlink_to("thermal.mp4")
+    return {
+        "folder onto itself": (folder, folder, "is the input"),
+        "output inside the input": (folder, folder / "visible", "lies inside the input"),
+        "input inside the output": (folder, tmp_path, "contains the input"),
+        "output a link to the input": (folder, tmp_path / "link", "is the input"),
+        "output inside a link to the input": (folder, tmp_path / "link" / "person", "lies inside the input"),
+        "video onto itself": (video, video, "is the input"),
+        "video read through a link, written to its target": (tmp_path / "link.mp4", video, "is the input"),
+    }[case]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "folder onto itself",
+        "output inside the input",
+        "input inside the output",
+        "output a link to the input",
+        "output inside a link to the input",
+        "video onto itself",
+        "video read through a link, written to its target",
+    ],
+)
+def test_an_output_that_is_in_holds_or_is_the_input_is_refused(onnx_model, frames, tmp_path, case):
+    """Translating would overwrite the 16-bit originals with RGB PNGs (or a video with its translation), or mix
+    outputs among them: refused naming both paths, nothing written, exit 1."""
+    source, target, how = overlapping(tmp_path, frames, case)
+    before = tree(tmp_path)
+    result = run_translate(onnx_model, source, target)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"error: --output {target} {how} {source}" in result.stderr
+    assert "choose an output outside the input" in result.stderr
+    assert tree(tmp_path) == before
+
+
+def test_an_overlapping_output_is_refused_before_the_model_is_loaded(frames, tmp_path):
+    result = run_translate("missing.onnx", frames, frames / "visible")
+    assert result.returncode == 1 and "no such ONNX file" not in result.stderr
+    assert f"error: --output {frames / 'visible'} lies inside the input {frames}: refused" in result.stderr
 
 
 def video_facts(path: Path) -> tuple[int, int, int, object, np.ndarray]:

@@ -194,8 +194,12 @@ class RegisterConfig:
 class ServeConfig:
     host: str
     port: int
-    max_pixels: int
-    max_model_pixels: int
+    max_pixels: Annotated[int, Field(ge=1)]
+    max_model_pixels: Annotated[int, Field(ge=1)]
+    max_rows: Annotated[int, Field(ge=1)]
+    max_request_pixels: Annotated[int, Field(ge=1)]
+    max_request_cpu_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    max_request_bytes: Annotated[int, Field(ge=1024)]
 
 
 @dataclass(frozen=True, config=SCHEMA)

@@ -27,6 +27,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8\xff"
 TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+CHANNELS = "expected 1 (grey), 3 (RGB) or either with an opaque alpha"
 
 
 class BadImage(PipelineError):
@@ -70,20 +71,31 @@ def _decode_pillow(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     return np.asarray(image)
 
 
+def _tiff_size(tiff: tifffile.TiffFile, source: str) -> tuple[int, int]:
+    """(width, height) of a TIFF's one 2-D image, from its header: several pages, a volume or more than 4 samples per
+    pixel are refused here, before any pixel is decoded (each multiplies what decoding costs)."""
+    if not tiff.pages:
+        raise BadImage(source, "truncated or corrupt TIFF (no readable image)")
+    if len(tiff.pages) != 1:
+        raise BadImage(source, f"TIFF holds {len(tiff.pages)} images; expected exactly one")
+    page = tiff.pages.first
+    if page.imagedepth > 1:
+        raise BadImage(source, f"TIFF volume of {page.imagedepth} slices; expected one 2-D image")
+    if page.samplesperpixel > 4:
+        raise BadImage(source, f"{page.samplesperpixel} channels; {CHANNELS}")
+    return page.imagewidth, page.imagelength
+
+
 def _decode_tiff(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     try:
         with tifffile.TiffFile(io.BytesIO(data)) as tiff:
-            page, pages = tiff.pages.first, len(tiff.pages)
-            width, height, axes = page.imagewidth, page.imagelength, page.axes
-            if pages == 1:
-                _check_size(width, height, source, max_pixels)
-                pixels = page.asarray()
+            _check_size(*_tiff_size(tiff, source), source, max_pixels)
+            page = tiff.pages.first
+            pixels, axes = page.asarray(), page.axes
     except BadImage:
         raise
     except Exception as error:
         raise BadImage(source, f"truncated or corrupt TIFF ({error})") from None
-    if pages != 1:
-        raise BadImage(source, f"TIFF holds {pages} images; expected exactly one")
     return np.moveaxis(pixels, axes.index("S"), -1) if "S" in axes else pixels
 
 
@@ -118,7 +130,7 @@ def _checked(pixels: np.ndarray, source: str) -> np.ndarray:
         pixels = pixels[:, :, 0]
     if pixels.ndim == 3 and pixels.shape[2] != 3 or pixels.ndim not in (2, 3):
         channels = pixels.shape[2] if pixels.ndim == 3 else f"shape {pixels.shape}"
-        raise BadImage(source, f"{channels} channels; expected 1 (grey), 3 (RGB) or either with an opaque alpha")
+        raise BadImage(source, f"{channels} channels; {CHANNELS}")
     if pixels.dtype.kind == "f" and not np.isfinite(pixels).all():
         bad = ~np.isfinite(pixels)
         row, col = np.argwhere(bad)[0][:2]
@@ -128,6 +140,26 @@ def _checked(pixels: np.ndarray, source: str) -> np.ndarray:
             "a temperature map must be finite everywhere (fill or mask dead pixels first)",
         )
     return pixels
+
+
+def image_size(data: bytes, source: str) -> tuple[int, int]:
+    """(width, height) from the header alone, for a budget over several images before any is decoded; raises
+    BadImage naming `source` for a file that is not one PNG, JPEG or 2-D TIFF image."""
+    try:
+        if data.startswith(TIFF_MAGICS):
+            with tifffile.TiffFile(io.BytesIO(data)) as tiff:
+                return _tiff_size(tiff, source)
+        if data.startswith((PNG_MAGIC, JPEG_MAGIC)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                return Image.open(io.BytesIO(data)).size
+    except BadImage:
+        raise
+    except Image.DecompressionBombError as error:
+        raise BadImage(source, f"decompression bomb refused before decoding: {error}") from None
+    except Exception as error:
+        raise BadImage(source, f"unreadable image header ({error})") from None
+    raise BadImage(source, "empty file (0 bytes)" if not data else "not a PNG, JPEG or TIFF image")
 
 
 def decode_image(data: bytes, source: str, max_pixels: int) -> np.ndarray:

@@ -3,12 +3,17 @@
 Two layouts: `pairs` (ROOT/thermal/[identity/]name.ext + ROOT/visible/[identity/]name.ext, matched by path
 without extension, so thermal/a.tiff pairs with visible/a.png) and `side_by_side` (ROOT/[train|val|test/]name.ext,
 thermal on the left half). Everything is checked before anything is decided, so one run lists all problems.
+
+Refused besides broken files: a file or folder whose name holds a control character or a line break (named escaped,
+so no name can forge lines of the problem list), and duplicates: a thermal or visible image with the same pixels as
+one of an earlier pair (by sorted name), which could otherwise sit in training and in test at once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +26,33 @@ from thermal2visible.config import IngestConfig
 from thermal2visible.data.images import IMAGE_SUFFIXES, BadImage, decode_image, read_bytes
 
 SPLITS = ("train", "val", "test")  # the cache's splits, and the folders of the side_by_side layout
+# Control characters (\n, \r, \t, ESC, ...) and the Unicode line and paragraph separators: a name holding one could
+# break or repaint the lines of a terminal or a log.
+LINE_BREAKING = ("Cc", "Zl", "Zp")
+BAD_NAME = "name holds a control character or a line break (shown escaped); rename it"
+
+
+def unprintable(text: str) -> bool:
+    """Whether `text` holds a character that could break or forge a printed line (LINE_BREAKING)."""
+    return any(unicodedata.category(character) in LINE_BREAKING for character in text)
+
+
+def one_line(text: str) -> str:
+    """`text` as it is, or, when it holds a control character or a line break, escaped as Python writes it (repr,
+    quotes included): one line that cannot be mistaken for another name."""
+    return repr(text) if unprintable(text) else text
 
 
 @dataclass(frozen=True)
 class Problem:
+    """One bad file and why; both fields are one printable line (`one_line`), whatever the file is called."""
+
     file: str
     reason: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "file", one_line(self.file))
+        object.__setattr__(self, "reason", one_line(self.reason))
 
 
 class IngestError(PipelineError):
@@ -42,13 +68,17 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _walk(top: Path, root: Path, problems: list[Problem]) -> list[Path]:
-    """Image files under `top`, sorted; symlinks may be followed but never out of the dataset root."""
+    """Image files under `top`, sorted; symlinks may be followed but never out of the dataset root. A file or folder
+    whose name holds a control character or a line break is refused by its name (nothing under such a folder is
+    read)."""
     real_root, seen, files = root.resolve(), {top.resolve()}, []
     for folder, subfolders, names in os.walk(top, followlinks=True):
         kept = []
         for name in sorted(subfolders):
             path, real = Path(folder, name), Path(folder, name).resolve()
-            if not _inside(real, real_root):
+            if unprintable(name):
+                problems.append(Problem(str(path), f"folder {BAD_NAME}"))
+            elif not _inside(real, real_root):
                 problems.append(Problem(str(path), f"symlink leads outside the dataset root (to {real})"))
             elif real in seen:
                 problems.append(Problem(str(path), "symlink to a folder already listed (a loop or a duplicate)"))
@@ -58,7 +88,9 @@ def _walk(top: Path, root: Path, problems: list[Problem]) -> list[Path]:
         subfolders[:] = kept
         for name in sorted(names):
             path = Path(folder, name)
-            if not _inside(path.resolve(), real_root):
+            if unprintable(name):
+                problems.append(Problem(str(path), f"file {BAD_NAME}"))
+            elif not _inside(path.resolve(), real_root):
                 problems.append(Problem(str(path), f"symlink leads outside the dataset root (to {path.resolve()})"))
             elif not path.is_file():
                 problems.append(Problem(str(path), "broken symlink or not a regular file"))
@@ -131,6 +163,15 @@ def _decode(root: Path, relative: str, max_pixels: int) -> tuple[np.ndarray, str
     return decode_image(data, str(root / relative), max_pixels), hashlib.sha256(data).hexdigest()
 
 
+def _pixel_digest(image: np.ndarray) -> str:
+    """sha256 of an image's pixels, sample type and shape: equal for byte-identical files and for the same
+    picture stored in another lossless format."""
+    canonical = np.ascontiguousarray(image, dtype=image.dtype.newbyteorder("<"))
+    digest = hashlib.sha256(f"{canonical.dtype.str} {canonical.shape}".encode())
+    digest.update(canonical.data)
+    return digest.hexdigest()
+
+
 def _halves(image: np.ndarray, source: str) -> tuple[np.ndarray, np.ndarray]:
     width = image.shape[1]
     if width % 2:
@@ -157,7 +198,8 @@ def read_pair(root: Path, entry: dict, layout: str, max_pixels: int) -> tuple[np
 
 
 def _inspect(root: Path, entry: dict, layout: str, max_pixels: int, problems: list[Problem]) -> tuple | None:
-    """(thermal channels, visible channels) of a good pair; records what is wrong with a bad one."""
+    """((thermal channels, visible channels), pixel digest of each side) of a good pair; records what is wrong
+    with a bad one."""
     decoded = {}
     for relative in dict.fromkeys((entry["thermal"], entry["visible"])):  # both files named when both are bad
         try:
@@ -189,7 +231,34 @@ def _inspect(root: Path, entry: dict, layout: str, max_pixels: int, problems: li
             )
         )
         return None
-    return tuple(1 if image.ndim == 2 else image.shape[2] for image in (thermal, visible))
+    channels = tuple(1 if image.ndim == 2 else image.shape[2] for image in (thermal, visible))
+    return channels, {"thermal": _pixel_digest(thermal), "visible": _pixel_digest(visible)}
+
+
+def _unique(root: Path, good: list[tuple[dict, dict]], problems: list[Problem]) -> list[dict]:
+    """The entries (in their sorted order) none of whose images repeats an earlier one. Thermal and visible images
+    are compared each on their own, pixel for pixel: a thermal frame seen in training is a leak into test whatever
+    its partner. The first entry holding an image keeps it; every later one is a problem naming that first file,
+    and its pair is left out (also when the first one's pair is itself a duplicate, so one run names them all)."""
+    first: dict[tuple[str, str], str] = {}
+    unique = []
+    for entry, digests in good:
+        copies: dict[tuple[str, str], list[str]] = {}  # (this file, the file it repeats) -> kinds
+        for kind in ("thermal", "visible"):
+            original = first.setdefault((kind, digests[kind]), entry[kind])
+            if original != entry[kind]:
+                copies.setdefault((entry[kind], original), []).append(kind)
+        problems.extend(
+            Problem(
+                str(root / file),
+                f"duplicate of {root / original}: the same {' and '.join(kinds)} pixels "
+                "(copies in two splits would inflate the test scores)",
+            )
+            for (file, original), kinds in copies.items()
+        )
+        if not copies:
+            unique.append(entry)
+    return unique
 
 
 def ingest(root: Path, layout: str, cfg: IngestConfig) -> tuple[dict, list[Problem]]:
@@ -200,18 +269,19 @@ def ingest(root: Path, layout: str, cfg: IngestConfig) -> tuple[dict, list[Probl
         (entry, _inspect(root, entry, layout, cfg.max_pixels, problems))
         for entry in tqdm(candidates, desc="ingest", unit="pair")
     ]
-    good = [(entry, channels) for entry, channels in inspected if channels is not None]
+    good = [(entry, *found) for entry, found in inspected if found is not None]
     # A model has one input and one output width: the odd ones out are the problem, not the majority.
-    usual = [Counter(channels[k] for _, channels in good).most_common(1)[0][0] for k in (0, 1)] if good else []
-    pairs = []
-    for entry, channels in good:
+    usual = [Counter(channels[k] for _, channels, _ in good).most_common(1)[0][0] for k in (0, 1)] if good else []
+    fitting = []
+    for entry, channels, digests in good:
         odd = [(kind, n, u) for kind, n, u in zip(("thermal", "visible"), channels, usual) if n != u]
         problems.extend(
             Problem(str(root / entry[kind]), f"{kind} has {n} channel(s) but most {kind} images have {u}")
             for kind, n, u in odd
         )
         if not odd:
-            pairs.append(entry)
+            fitting.append((entry, digests))
+    pairs = _unique(root, fitting, problems)
     if problems and cfg.on_error == "fail":
         summary = f"{root}: {len(problems)} bad file(s) (set ingest.on_error: skip to leave them out)"
         raise IngestError(summary, problems)

@@ -20,6 +20,7 @@ from typing import Iterator
 import requests
 
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
+PROJECT = Path(__file__).resolve().parents[3]  # the project folder of this (editable) install
 
 
 def free_port() -> int:
@@ -96,8 +97,9 @@ def mlflow_app(app: str, store_uri: str, log: Path, *options: str, **env: str) -
     port = free_port()
     command = [MLFLOW, app, "--backend-store-uri", store_uri, *options]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    # Job execution starts extra machinery that takes the start from ~4 s to ~23 s.
-    with running(command, "/health", port, log, quiet_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **env)) as base:
+    # Job execution starts extra machinery that takes the start from ~4 s to ~23 s: off unless `env` turns it on.
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"} | env
+    with running(command, "/health", port, log, quiet_env(**env)) as base:
         yield base
 
 
@@ -111,12 +113,42 @@ def mlflow_server(root: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def model_server(model_uri: str, root: Path, tracking_uri: str | None = None) -> Iterator[str]:
-    """`mlflow models serve` of `model_uri` in this environment; yields the base URL.
-    `tracking_uri` is where a models:/ or runs:/ URI is looked up."""
+def model_server(model_uri: str, root: Path, tracking_uri: str | None = None, *settings: str) -> Iterator[str]:
+    """The project's REST server (pipelines/serve.py: MLflow's scoring server, guarded) of `model_uri` with the
+    project's params.yaml and `settings` (`section.key=value`); yields the base URL. `tracking_uri` is where a
+    models:/ or runs:/ URI is looked up."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    command = [MLFLOW, "models", "serve", "-m", model_uri, "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
+    command = [sys.executable, str(PROJECT / "pipelines" / "serve.py"), "--params", str(PROJECT / "params.yaml")]
+    command += ["--model", model_uri, "--set", "serve.host=127.0.0.1", "--set", f"serve.port={port}"]
+    command += [part for setting in settings for part in ("--set", setting)]
     env = quiet_env(**({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {}))
     with running(command, "/ping", port, root / "model-server.log", env) as url:
         yield url
+
+
+def listening_pid(port: int) -> int:
+    """The process listening on 127.0.0.1:`port`, found through /proc (Linux): its socket's inode among the
+    processes' open files."""
+    inode = next(
+        line.split()[9]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A"  # 0A: LISTEN
+    )
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd).endswith(f"[{inode}]") for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return int(pid)
+    raise LookupError(f"no process listens on port {port}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, all its threads, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """{"rss": now, "peak": the most resident memory the process has held} in MiB, from /proc/<pid>/status."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {key: int(status[field].split()[0]) / 1024 for key, field in (("rss", "VmRSS"), ("peak", "VmHWM"))}

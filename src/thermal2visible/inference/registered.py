@@ -9,6 +9,7 @@ files its MLmodel names as the pyfunc's artifacts, each checked to lie inside th
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import mlflow.artifacts
@@ -16,7 +17,7 @@ import yaml
 from mlflow.pyfunc import PythonModelContext
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.inference.serving import TRAINING_MANIFEST, ThermalToVisible
+from thermal2visible.inference.serving import TRAINING_MANIFEST, ServedLimits, ThermalToVisible
 
 ARTIFACTS = ("onnx", TRAINING_MANIFEST)  # what a registered version holds as data; anything else it names is ignored
 
@@ -24,7 +25,7 @@ ARTIFACTS = ("onnx", TRAINING_MANIFEST)  # what a registered version holds as da
 def model_of_files(artifacts: dict[str, str], max_pixels: int, max_model_pixels: int) -> ThermalToVisible:
     """The installed serving code around local files: {"onnx": path[, "training_manifest": path]}."""
     model = ThermalToVisible()
-    config = {"max_pixels": max_pixels, "max_model_pixels": max_model_pixels}
+    config = asdict(ServedLimits(max_pixels, max_model_pixels))  # no request budget: one local image at a time
     model.load_context(PythonModelContext(artifacts=artifacts, model_config=config))
     return model
 

@@ -29,7 +29,7 @@ from mlflow.models import convert_input_example_to_serving_input, validate_servi
 
 from thermal2visible.config import Params
 from thermal2visible.errors import PipelineError
-from thermal2visible.inference.serving import pyfunc_arguments
+from thermal2visible.inference.serving import ServedLimits, pyfunc_arguments
 from thermal2visible.paths import RAW
 
 CHAMPION = "champion"
@@ -177,8 +177,7 @@ def register(
     parity_passed: bool,
     metrics: dict[str, float],
     lineage: dict[str, str | None],
-    max_pixels: int,
-    max_model_pixels: int,
+    limits: ServedLimits,
     training_manifest: str | Path | None,
     frames: TestFrames | None = None,
 ) -> Registered:
@@ -196,7 +195,7 @@ def register(
     with mlflow.start_run(run_name="register") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
-        with pyfunc_arguments(onnx_path, max_pixels, max_model_pixels, training_manifest) as arguments:
+        with pyfunc_arguments(onnx_path, limits, training_manifest) as arguments:
             logged = mlflow.pyfunc.log_model(name="model", **arguments)
         check_example_predicts(logged.model_uri, arguments["input_example"], onnx_path)
     ensure_registered_model(client, name)

@@ -11,10 +11,13 @@ translation (pipelines/translate.py) all call this class.
 
 A request the model cannot use raises a ServingError (INVALID_PARAMETER_VALUE), which the scoring server
 answers with 400 and the message (naming the row); anything else is a bug in this code and answers 500
-without the traceback, which goes to the server log instead. An image's base64 may be at most
-`max_encoded_length(max_pixels)` characters: the server itself reads a request body of any size. The work is
-bounded too: a frame the model would run at more than `max_model_pixels` pixels (`frames.model_size`: a thin
-frame grows when scaled to the training size) is refused before any row is translated.
+without the traceback, which goes to the server log instead. What one request may cost is bounded
+before any pixel is decoded (`ServedLimits`): its rows, each image's pixels from its header (depth, samples and
+pages included), the pixels summed over its rows, and the pixels a frame costs the model (`frames.model_size`: a
+thin frame grows when scaled to the training size). During the work, a request that has used its CPU-seconds
+stops with a 400, and one the scoring server has already answered 504 (its timeout passed) stops at the next step,
+so no abandoned request keeps a worker busy. Requests run one at a time per worker: the model already uses every
+core, and a request queued past its timeout does no work at all.
 """
 
 from __future__ import annotations
@@ -26,23 +29,26 @@ import io
 import logging
 import shutil
 import tempfile
+import threading
+import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
+from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
 from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
-from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from mlflow.types import ColSpec, Schema
 import tifffile
 from PIL import Image
 
-from thermal2visible.data.images import BadImage, decode_image
-from thermal2visible.config import PreprocessConfig
+from thermal2visible.data.images import BadImage, decode_image, image_size
+from thermal2visible.config import PreprocessConfig, ServeConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.frames import model_size, translate_frame
 from thermal2visible.inference.session import ExportedSettings, exported_settings, onnx_session, run_onnx
@@ -107,7 +113,7 @@ def max_encoded_length(max_pixels: int) -> int:
     return (8 * max_pixels + 2**20) * 4 // 3
 
 
-def decode_row(value: object, row: int, max_pixels: int) -> np.ndarray:
+def row_bytes(value: object, row: int, max_pixels: int) -> bytes:
     source = f"row {row}"
     if not isinstance(value, str):
         raise bad_request(f"{source}: expected a base64 string, got {type(value).__name__}")
@@ -117,18 +123,53 @@ def decode_row(value: object, row: int, max_pixels: int) -> np.ndarray:
             f"takes at most {max_encoded_length(max_pixels)} (refused before decoding)"
         )
     try:
-        data = base64.b64decode(value, validate=True)
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as error:
         raise bad_request(f"{source}: not valid base64 ({error})") from None
-    try:
-        return decode_image(data, source, max_pixels)
-    except BadImage as error:  # empty, truncated, not an image, too many pixels, 2 or 4 channels
-        raise bad_request(str(error)) from None
+
+
+@dataclass(frozen=True)
+class ServedLimits:
+    """The model_config of a served version (params.yaml's serve section): what one image and one request may cost.
+    The request budget (the last three) is None for the project's own batch clients, which translate one local image
+    at a time."""
+
+    max_pixels: int  # one image, width x height
+    max_model_pixels: int  # one frame once scaled to the model (frames.model_size)
+    max_rows: int | None = None
+    max_request_pixels: int | None = None  # summed over the rows
+    max_request_cpu_seconds: float | None = None
+
+    @classmethod
+    def of(cls, serve: ServeConfig) -> ServedLimits:
+        return cls(**{limit.name: getattr(serve, limit.name) for limit in fields(cls)})
+
+
+class Work:
+    """One request's progress against its budget: `check` between steps stops a request that has spent its
+    CPU-seconds (a 400) or that the scoring server has given up on (its timeout passed: the client has its 504)."""
+
+    def __init__(self, cpu_seconds: float | None, arrived: float):
+        self.cpu_deadline = None if cpu_seconds is None else time.process_time() + cpu_seconds
+        self.cpu_seconds = cpu_seconds
+        timeout = MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get() if MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.defined else None
+        self.deadline = None if timeout is None else arrived + timeout
+
+    def check(self, where: str) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise ServingError(
+                "the server's request timeout passed before this request finished; stopped",
+                error_code=TEMPORARILY_UNAVAILABLE,
+            )
+        if self.cpu_deadline is not None and time.process_time() > self.cpu_deadline:
+            raise bad_request(
+                f"{where}: this request has used its {self.cpu_seconds} CPU-seconds (serve.max_request_cpu_seconds); "
+                "send fewer or smaller images per request"
+            )
 
 
 class ThermalToVisible(mlflow.pyfunc.PythonModel):
-    """artifacts: {"onnx": the generator from `export`}; model_config: {"max_pixels": largest frame accepted,
-    "max_model_pixels": most pixels one frame may cost once scaled to the model (`frames.model_size`)}."""
+    """artifacts: {"onnx": the generator from `export`}; model_config: `ServedLimits` as a dict."""
 
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
@@ -136,24 +177,49 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         settings = exported_settings(self.session, context.artifacts["onnx"])
         self.preprocess = settings.preprocess
         self.in_channels = settings.in_channels
-        self.max_pixels = int(context.model_config["max_pixels"])
-        self.max_model_pixels = int(context.model_config["max_model_pixels"])
+        self.limits = ServedLimits(**context.model_config)
+        self.max_pixels = self.limits.max_pixels
+        self.one_at_a_time = threading.Lock()
 
     def check_work(self, height: int, width: int, where: str) -> None:
         """A 400 naming `where`, the frame's size and the limit when the model would run on more than
         `max_model_pixels` pixels: decided from the size alone, before any model call."""
         rows, cols = model_size(height, width, self.preprocess.image_size)
-        if rows * cols > self.max_model_pixels:
+        if rows * cols > self.limits.max_model_pixels:
             raise bad_request(
                 f"{where}: a {width}x{height} frame runs through the model at {cols}x{rows} = "
                 f"{rows * cols} pixels (scaled by image_size {self.preprocess.image_size} / its shorter "
-                f"side), over max_model_pixels {self.max_model_pixels} (refused before translating)"
+                f"side), over max_model_pixels {self.limits.max_model_pixels} (refused before translating)"
             )
 
-    def frame(self, value: object, row: int) -> np.ndarray:
-        """One request value -> its decoded thermal frame, or a 400 naming the row and the problem."""
-        frame = decode_row(value, row, self.max_pixels)
-        self.check_work(*frame.shape[:2], f"row {row}")
+    def check_request(self, images: list[bytes]) -> None:
+        """Every image's header, and the request's pixels summed over its rows, before any image is decoded."""
+        total = 0
+        for row, data in enumerate(images):
+            try:
+                width, height = image_size(data, f"row {row}")
+            except BadImage as error:
+                raise bad_request(str(error)) from None
+            if width * height > self.limits.max_pixels:
+                raise bad_request(
+                    f"row {row}: {width}x{height} = {width * height} pixels exceeds max_pixels "
+                    f"{self.limits.max_pixels} (refused before decoding)"
+                )
+            self.check_work(height, width, f"row {row}")
+            total += width * height
+        budget = self.limits.max_request_pixels
+        if budget is not None and total > budget:
+            raise bad_request(
+                f"{len(images)} images of {total} pixels in all exceed serve.max_request_pixels {budget} "
+                "(refused before decoding): send them in several requests"
+            )
+
+    def frame(self, data: bytes, row: int) -> np.ndarray:
+        """One image's bytes -> its decoded thermal frame, or a 400 naming the row and the problem."""
+        try:
+            frame = decode_image(data, f"row {row}", self.limits.max_pixels)
+        except BadImage as error:  # empty, truncated, not an image, 2 or 4 channels
+            raise bad_request(str(error)) from None
         channels = 1 if frame.ndim == 2 else frame.shape[2]
         if channels != self.in_channels:
             raise bad_request(
@@ -162,26 +228,49 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
             )
         return frame
 
-    def translate(self, frame: np.ndarray, where: str) -> np.ndarray:
+    def translate(self, frame: np.ndarray, where: str, work: Work | None = None) -> np.ndarray:
         """A decoded thermal frame -> uint8 visible frame of its height x width (`frames.translate_frame`);
-        a frame that does not fit the model's normalisation is a 400 naming `where`."""
+        a frame that does not fit the model's normalisation is a 400 naming `where`. `work` is checked before
+        each call of the network."""
+
+        def generate(batch: np.ndarray) -> np.ndarray:
+            if work is not None:
+                work.check(where)
+            return run_onnx(self.session, batch)
+
         try:
-            visible = translate_frame(lambda batch: run_onnx(self.session, batch), frame, self.preprocess)
+            visible = translate_frame(generate, frame, self.preprocess)
         except PipelineError as error:
             raise bad_request(f"{where}: {error}") from None
         return quantise(visible[:, :, 0] if visible.shape[2] == 1 else visible, np.uint8)
 
-    def _translate(self, values: list[object]) -> list[str]:
-        # Every row is checked before any is translated: one bad image fails the request, naming its row.
-        frames = [self.frame(value, row) for row, value in enumerate(values)]
-        return [to_base64(png_bytes(self.translate(frame, f"row {row}"))) for row, frame in enumerate(frames)]
+    def _translate(self, values: list[object], arrived: float) -> list[str]:
+        rows = self.limits.max_rows
+        if rows is not None and len(values) > rows:
+            raise bad_request(f"{len(values)} images in one request; serve.max_rows allows {rows}")
+        images = [row_bytes(value, row, self.limits.max_pixels) for row, value in enumerate(values)]
+        self.check_request(images)
+        with self.one_at_a_time:
+            work = Work(self.limits.max_request_cpu_seconds, arrived)
+            # Every row is decoded and checked before any is translated: one bad image fails the request, naming it.
+            frames = []
+            for row, data in enumerate(images):
+                work.check(f"row {row}")
+                frames.append(self.frame(data, row))
+            del images
+            encoded = []
+            for row, frame in enumerate(frames):
+                encoded.append(to_base64(png_bytes(self.translate(frame, f"row {row}", work))))
+                work.check(f"row {row}")
+            return encoded
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         # MLflow has enforced the signature by now: whatever the request form, a DataFrame with an `image` column.
+        arrived = time.monotonic()
         if len(model_input) == 0:
             raise bad_request(f"no images: the '{IMAGE}' column has 0 rows")
         try:
-            return pd.DataFrame({IMAGE: self._translate(list(model_input[IMAGE]))})
+            return pd.DataFrame({IMAGE: self._translate(list(model_input[IMAGE]), arrived)})
         except MlflowException:
             raise
         except Exception as error:  # a bug here, not a bad request: 500, traceback in the log only
@@ -265,7 +354,7 @@ def packed_code() -> Iterator[Path]:
 
 @contextmanager
 def pyfunc_arguments(
-    onnx_path: str | Path, max_pixels: int, max_model_pixels: int, training_manifest: str | Path | None = None
+    onnx_path: str | Path, limits: ServedLimits, training_manifest: str | Path | None = None
 ) -> Iterator[dict[str, object]]:
     """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc, valid while
     the context lasts: `with pyfunc_arguments(...) as arguments: mlflow.pyfunc.save_model(path, **arguments)`.
@@ -282,7 +371,7 @@ def pyfunc_arguments(
             python_model=str(SERVED_MODEL),  # models-from-code: a code file, never a pickle
             artifacts=artifacts,
             code_paths=[str(code)],
-            model_config={"max_pixels": max_pixels, "max_model_pixels": max_model_pixels},
+            model_config=asdict(limits),
             signature=SIGNATURE,
             metadata=image_formats(kind),
             input_example=example_request(kind),
