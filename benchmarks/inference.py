@@ -1,5 +1,5 @@
 """Inference speed of the paper's generator (256 px, ngf 64): torch eager vs onnxruntime fp32 vs int8, and the REST
-round trip through a real `mlflow models serve` vs the same pyfunc called in this process.
+round trip through the real REST server (pipelines/serve.py) vs the same pyfunc called in this process.
 
 The ONNX files are made by the project's own export code (export_generator, quantize_int8: static QDQ int8
 calibrated on synthetic training images); the pyfunc is the served model (serving.ThermalToVisible: PNG decode,
@@ -72,7 +72,7 @@ from thermal2visible.training.precision import cpu_has_native_bf16  # noqa: E402
 
 
 EAGER, INT8, BF16 = "torch eager fp32", "onnxruntime int8 (static QDQ)", "torch eager bf16 + channels_last"
-IN_PROCESS, REST = "in-process pyfunc", "REST (mlflow models serve)"
+IN_PROCESS, REST = "in-process pyfunc", "REST (pipelines/serve.py)"
 
 
 def engine_dtype(name: str) -> str:
@@ -144,7 +144,7 @@ def request_frame(size: int) -> str:
 
 
 def rest_vs_in_process(model_dir: Path, size: int, requests_per_round: int, rounds: int, scratch: Path) -> dict:
-    """Median seconds per request through a real `mlflow models serve` and through the same pyfunc in this process,
+    """Median seconds per request through the real REST server and through the same pyfunc in this process,
     in interleaved rounds (the server's CPU time counts as this benchmark's: it is a child process)."""
     frame = request_frame(size)
     model = mlflow.pyfunc.load_model(str(model_dir))

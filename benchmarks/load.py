@@ -1,4 +1,4 @@
-"""Bounded load test of REST serving: C concurrent clients x N requests each against a real `mlflow models serve`
+"""Bounded load test of REST serving: C concurrent clients x N requests each against the real REST server
 on 127.0.0.1, one 16-bit thermal frame (PNG, RAW_SIDE x the model side) per request. Zero errors required.
 
 The served model is the project's pyfunc around a freshly initialised generator of the demo's size (speed does not
@@ -134,7 +134,8 @@ def main() -> None:
         body = {"dataframe_split": {"columns": [IMAGE], "data": [[request_frame(args.size)]]}}
         with model_server(str(model), scratch / "serve") as url:
             figures = load(url, body, args.clients, args.requests)
-    figures |= {"model": {"size": args.size, "ngf": args.ngf}, "server": "mlflow models serve, 1 uvicorn worker"}
+    server = "pipelines/serve.py (MLflow's scoring server, guarded), 1 uvicorn worker"
+    figures |= {"model": {"size": args.size, "ngf": args.ngf}, "server": server}
     stem = result_stem(args.report, args.out)
     if figures["p50_ms"] is not None:  # at least one request answered
         plot(figures, result_file(stem, ".png"))

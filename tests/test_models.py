@@ -1,5 +1,7 @@
 """The networks: the paper's exact sizes, depth from the image size, norms, dropout, init, recomputation, saving."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -335,3 +337,19 @@ def test_train_test_mode_is_per_image_with_dropout_and_leaves_the_generator_as_i
         with torch.no_grad(), as_tested(generator, "eval"):
             assert torch.equal(generator(x[:1]), generator(x[:1]))
             assert not torch.allclose(generator(x[:1]), alone, atol=1e-3)  # running statistics, no dropout
+
+
+@pytest.mark.parametrize("kind", sorted(GENERATORS))
+def test_train_test_mode_treats_sync_batch_norm_as_batch_norm(kind):
+    """Under train.sync_batchnorm the Trainer swaps every BatchNorm2d for a SyncBatchNorm (not a subclass): the
+    test mode must still normalise each image by its own statistics, or validation would run another network
+    than evaluate rebuilds."""
+    generator = GENERATORS[kind](1, 3, 32, ngf=4, norm="batch", dropout=0.0, recompute=False)
+    with torch.no_grad():
+        for _ in range(3):
+            generator(torch.rand(4, 1, 32, 32))  # running statistics away from their initial values
+    synced = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(generator))
+    assert any(isinstance(module, nn.SyncBatchNorm) for module in synced.modules())
+    x = torch.rand(2, 1, 32, 32)
+    with torch.no_grad(), as_tested(generator, "train"), as_tested(synced, "train"):
+        torch.testing.assert_close(synced(x), generator(x))

@@ -9,10 +9,12 @@ import re
 
 import onnx
 import pytest
+import torch
 from tiny_model import export_tiny
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.registered import model_of_files
+from thermal2visible.models.payloads import load_generator
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +67,12 @@ def test_the_exported_settings_load_unchanged(exported, tmp_path):
         model_of_files({"onnx": path}, 10**6, 10**6).preprocess
         == model_of_files({"onnx": str(exported)}, 10**6, 10**6).preprocess
     )
+
+
+def test_a_generator_payload_with_an_unknown_test_mode_is_refused_naming_the_file(exported, tmp_path):
+    """Its preprocess section is checked where it is read (`stored_section`, as above); its test mode on load."""
+    payload = torch.load(exported.with_name("generator.pt"), weights_only=True)
+    payload["test_mode"] = "bogus"
+    torch.save(payload, tmp_path / "generator.pt")
+    with pytest.raises(PipelineError, match=re.escape(f"{tmp_path / 'generator.pt'}: stored test_mode 'bogus'")):
+        load_generator(tmp_path / "generator.pt")

@@ -8,12 +8,15 @@ RGB in/out this is exactly the network of the pix2pix paper (54,413,955 paramete
 from __future__ import annotations
 
 import math
+import typing
 from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from thermal2visible.config import TrainConfig
 
 DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
 
@@ -159,10 +162,17 @@ class UNetGenerator(nn.Module):
         return y
 
 
-TEST_MODES = ("eval", "train")
+TEST_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["test_mode"])  # train.test_mode's choices
 
 
-def _own_statistics(norm: nn.BatchNorm2d, inputs: tuple[torch.Tensor], output: torch.Tensor) -> torch.Tensor:
+# Batch norm in either form: the Trainer turns BatchNorm2d into SyncBatchNorm (not a subclass) under
+# train.sync_batchnorm, and the test mode must treat both alike.
+BATCH_NORMS = (nn.BatchNorm2d, nn.SyncBatchNorm)
+
+
+def _own_statistics(
+    norm: nn.BatchNorm2d | nn.SyncBatchNorm, inputs: tuple[torch.Tensor], output: torch.Tensor
+) -> torch.Tensor:
     """Batch norm with the statistics of each image alone: what batch norm computes at batch 1 in train mode."""
     return F.instance_norm(inputs[0], weight=norm.weight, bias=norm.bias, eps=norm.eps)
 
@@ -182,7 +192,7 @@ def as_tested(generator: nn.Module, mode: str):
     hooks = []
     if mode == "train":
         for module in generator.modules():
-            if isinstance(module, nn.BatchNorm2d):
+            if isinstance(module, BATCH_NORMS):
                 hooks.append(module.register_forward_hook(_own_statistics))
             elif isinstance(module, nn.Dropout):
                 module.train()

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from thermal2visible.errors import PipelineError
+from thermal2visible.models.generator import TEST_MODES
 from thermal2visible.models.networks import build_generator, saved_config
 from thermal2visible.models.recognizer import IdentityRecognizer
 
@@ -84,6 +85,8 @@ def load_generator(path: str | Path) -> tuple[nn.Module, GeneratorPayload]:
         payload.setdefault("test_mode", "eval")  # payloads from before train.test_mode were all tested in eval
     except (KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
+    if payload["test_mode"] not in TEST_MODES:
+        raise PipelineError(f"{path}: stored test_mode {payload['test_mode']!r} is not one of {list(TEST_MODES)}")
     return generator.eval(), payload
 
 
