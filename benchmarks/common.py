@@ -25,7 +25,7 @@ from lightning.pytorch import Callback
 from thermal2visible.cli import quiet_lightning
 from thermal2visible.config import PreprocessConfig, load_params, preset_overrides
 from thermal2visible.data.cache import build_cache
-from thermal2visible.data.datamodule import mirrored, random_windows
+from thermal2visible.data.datamodule import random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.pixels import unit_to_model
@@ -290,6 +290,6 @@ def enlarged(images: torch.Tensor, scale: float) -> torch.Tensor:
 def decoded_batch(pairs: list[tuple[np.ndarray, np.ndarray]], jitter_scale: float) -> dict[str, torch.Tensor]:
     """A batch as a loader without a cache makes it from freshly preprocessed float NHWC pairs: enlarged and cropped
     by the same pix2pix jitter as the datamodule's, then NCHW in [-1, 1]."""
-    enlarged_pairs = [mirrored(enlarged(torch.from_numpy(np.stack(images)), jitter_scale)) for images in zip(*pairs)]
-    windows = random_windows(enlarged_pairs, torch.arange(len(pairs)), side=pairs[0][1].shape[0])
+    enlarged_pairs = [enlarged(torch.from_numpy(np.stack(images)), jitter_scale) for images in zip(*pairs)]
+    windows = random_windows(enlarged_pairs, side=pairs[0][1].shape[0])
     return {name: unit_to_model(images.permute(0, 3, 1, 2)) for name, images in zip(("thermal", "visible"), windows)}

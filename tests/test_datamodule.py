@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from thermal2visible.data.cache import JITTER, load_manifest, load_split
-from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch
+from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, jittered, model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 from shipped import SHIPPED_FROM, shipped
@@ -29,7 +29,7 @@ def test_batches_have_the_contract_shapes_dtypes_and_ranges(tiny_cache, preload)
     module.setup("fit")
     raw = next(iter(module.train_dataloader()))
     assert raw["thermal"].element_size() == 2 and raw["visible"].dtype == torch.uint8  # compact on the way
-    for batch in (model_batch(raw), *batches(module, module.val_dataloader())):
+    for batch in (model_batch(jittered(raw, 32)), *batches(module, module.val_dataloader())):
         assert batch["thermal"].shape[1:] == (1, 32, 32) and batch["visible"].shape[1:] == (3, 32, 32)
         assert batch["thermal"].dtype == batch["visible"].dtype == torch.float32
         assert batch["identity"].dtype == torch.int64 and batch["identity"].shape == batch["thermal"].shape[:1]
@@ -62,11 +62,13 @@ def test_jitter_moves_both_images_of_a_pair_alike_and_each_pair_its_own_way():
     thermal = visible[..., :1].astype(np.uint16) * 257  # the same picture in 16 bits
     arrays = {"thermal": thermal, "visible": visible, "identity": np.zeros(count, np.int64)}
     torch.manual_seed(0)
-    jittered = model_batch(CachedPairs(arrays, crop=crop).__getitems__(list(range(count))))
-    assert jittered["visible"].shape == jittered["thermal"].shape[:1] + (3, crop, crop)
+    jittered_batch = model_batch(jittered(CachedPairs(arrays).__getitems__(list(range(count))), crop))
+    assert jittered_batch["visible"].shape == jittered_batch["thermal"].shape[:1] + (3, crop, crop)
     # the same window of the same picture: the cached pixels themselves, nothing resampled
-    torch.testing.assert_close(jittered["visible"], jittered["thermal"].expand(-1, 3, -1, -1), atol=1e-6, rtol=0)
-    windows = {tuple(image[0, 0, :3].tolist()) for image in jittered["visible"]}  # where each window starts
+    torch.testing.assert_close(
+        jittered_batch["visible"], jittered_batch["thermal"].expand(-1, 3, -1, -1), atol=1e-6, rtol=0
+    )
+    windows = {tuple(image[0, 0, :3].tolist()) for image in jittered_batch["visible"]}  # where each window starts
     assert len(windows) > count // 2
 
 
@@ -84,7 +86,7 @@ def test_the_jittered_training_split_is_the_source_resized_once(tiny_cache, tiny
     np.testing.assert_array_equal(visible[0], np.round(prepare_visible(raw_visible, raw_thermal, cfg) * 255))
     module = PairedDataModule(tiny_cache, 4, shipped("loader", jitter=True))
     module.setup("fit")
-    batch = module.splits["train"].__getitems__([0, 1, 2])
+    batch = jittered(module.splits["train"].__getitems__([0, 1, 2]), manifest["image_size"])
     assert batch["visible"].shape[1:] == (32, 32, 3)
 
 

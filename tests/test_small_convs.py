@@ -86,3 +86,19 @@ def test_a_training_run_with_small_convs_as_matmuls_takes_the_same_steps():
         torch.testing.assert_close(runs[4].state_dict()[name], weight, rtol=1e-4, atol=1e-5, msg=name)
         moved = max(moved, (weight - start[name]).abs().max().item())
     assert moved > 1e-3  # the steps were taken
+
+
+def test_recomputed_blocks_lay_their_convolutions_out_as_their_forward_did():
+    """model.recompute with train.small_convs_as_matmul: backward recomputes a block outside the training step's
+    mode, so it must enter the same layout again (else torch's checkpoint finds other saved tensors and fails);
+    the gradients are those of the run without recomputation."""
+    torch.manual_seed(0)
+    plain = UNetGenerator(1, 3, 32, ngf=8, norm="batch", dropout=0.0, recompute=False)
+    recomputing = copy.deepcopy(plain)
+    recomputing.recompute = True
+    x = torch.rand(2, 1, 32, 32)
+    for generator in (plain, recomputing):
+        with SmallConvsAsMatmul(4):
+            generator(x).square().mean().backward()
+    for (name, a), b in zip(plain.named_parameters(), recomputing.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)

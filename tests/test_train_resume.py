@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from thermal2visible.config import load_params, marked
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 40  # tiny epochs take ~0.1 s: enough of them that each interruption lands mid-run
@@ -210,7 +212,7 @@ def test_a_run_whose_process_died_before_its_first_checkpoint_is_marked_killed(t
 @pytest.mark.parametrize(
     "overrides",
     [
-        pytest.param(("loader.num_workers=1", "loader.preload=false"), id="crops drawn in loader workers"),
+        pytest.param(("loader.num_workers=1", "loader.preload=false"), id="batches read by loader workers"),
         pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
         pytest.param(
             ("model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10"),
@@ -257,3 +259,53 @@ def test_a_budget_that_ends_before_the_moving_average_exists_is_refused(tmp_path
     assert process.returncode == 1 and "Traceback" not in output, output
     assert "no model to keep: train.max_minutes (0.0001) ran out after 1 epoch(s)" in output
     assert not (root / "models").exists() and not (root / "metrics").exists()
+
+
+def run_only_changes() -> list[str]:
+    """Every run-only key (the schema's marks) set away from its shipped value, to one this CPU runs. `resume`
+    decides whether a run continues at all; `accelerator` and `strategy` can only name what `auto` already picks on
+    one CPU process."""
+    shipped_params = load_params(REPO / "params.yaml")
+    other = {bool: lambda value: not value, int: lambda value: value + 1}
+    changes = []
+    for section in ("loader", "model", "train"):
+        for key, defines_weights in marked(section, "weights").items():
+            value = getattr(getattr(shipped_params, section), key)
+            if defines_weights or key == "resume":
+                continue
+            if key == "accelerator":
+                changes.append("train.accelerator=cpu")
+            elif key == "strategy":
+                changes.append("train.strategy=auto")
+            else:
+                changes.append(f"{section}.{key}={json.dumps(other[type(value)](value))}")
+    return changes
+
+
+@pytest.mark.timeout(300)
+def test_how_data_is_loaded_changes_no_weight(tmp_path, tiny_cache, write_params):
+    """The jitter's windows are drawn in the main process from the run's stream: loader workers and preloading
+    leave the trained weights exactly as they are (run-only keys, outside the fingerprint)."""
+    states = []
+    for name, overrides in {
+        "in memory": ("loader.preload=true", "loader.num_workers=0"),
+        "two workers": ("loader.preload=false", "loader.num_workers=2"),
+        "memory-mapped": ("loader.preload=false", "loader.num_workers=0"),
+    }.items():
+        root = project(tmp_path / name.replace(" ", "-"), tiny_cache, write_params, "train.max_epochs=3", *overrides)
+        finish(start(root))
+        states.append(trained_state(root))
+    for state in states[1:]:
+        assert_equal_states(state, states[0])
+
+
+@pytest.mark.timeout(400)
+def test_changing_every_run_only_key_mid_run_ends_with_the_same_weights(tmp_path, tiny_cache, write_params):
+    settings = ("train.max_epochs=6",)
+    uninterrupted = project(tmp_path / "uninterrupted", tiny_cache, write_params, *settings)
+    finish(start(uninterrupted))
+    interrupted = project(tmp_path / "interrupted", tiny_cache, write_params, *settings)
+    interrupt_after(start(interrupted), interrupted, 2, signal.SIGKILL)
+    write_params(interrupted, *SETTINGS, *settings, *run_only_changes())
+    assert "continued from checkpoints/last.ckpt" in finish(start(interrupted))
+    assert_equal_states(trained_state(interrupted)["weights"], trained_state(uninterrupted)["weights"])

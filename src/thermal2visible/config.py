@@ -159,8 +159,8 @@ class TrainConfig:
     num_nodes: int = weights()
     strategy: str = run_only()
     sync_batchnorm: bool = weights()
-    channels_last: Literal["auto"] | bool = run_only()
-    compile: bool = run_only()
+    channels_last: Literal["auto"] | bool = weights(before="auto")  # the layouts' kernels round differently
+    compile: bool = weights(before=False)  # generated kernels round differently
     small_convs_as_matmul: int = run_only()
     fused_adam: bool = run_only()
     keep_freed_memory: bool = run_only()

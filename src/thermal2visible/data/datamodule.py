@@ -2,7 +2,9 @@
 
 The loader moves compact integers (uint16 thermal, uint8 visible, NHWC as cached); the conversion to float
 [-1, 1] NCHW runs after the batch reached the device (`on_after_batch_transfer`), on the whole batch at once.
-The pix2pix jitter crops each training batch from the training split cached at the jitter side (`CachedPairs`).
+The pix2pix jitter crops and flips each training batch, cached at the jitter side, there too (`jittered`): its
+windows are drawn in the main process from the run's own random stream, so loader workers, preloading and the
+device change nothing of what is drawn, and a resumed run draws what the uninterrupted one drew.
 With `loader.preload` the training set is copied to the device once in `setup` (paper §3.3.2) and a batch is
 one index into it. A batch is always one fancy index (`__getitems__`), never a Python
 loop over samples. Under DDP, Lightning swaps the shuffling sampler for a DistributedSampler, so each rank
@@ -30,39 +32,23 @@ FIELDS = ("thermal", "visible", "identity")
 
 
 class CachedPairs(Dataset):
-    """One split of the cache: memory-mapped arrays, or with a `device` tensors copied there once.
+    """One split of the cache: memory-mapped arrays, or with a `device` tensors copied there once."""
 
-    With a `crop` side the arrays are the training split cached at the jitter side (cache.JITTER), held mirrored
-    once (in memory, on `device` or the CPU: twice their size), and every draw is a random `crop` x `crop` window of
-    one of the two: pix2pix's jitter (256 px resized to 286 from the source, random crop 256, random flip) for the
-    price of one index per batch, instead of resampling every pixel every epoch.
-    """
-
-    def __init__(self, arrays: dict[str, np.ndarray], device: torch.device | None = None, crop: int | None = None):
+    def __init__(self, arrays: dict[str, np.ndarray], device: torch.device | None = None):
         # uint16 travels as its int16 bit pattern: torch indexes and moves int16 on every device, uint16 on few.
         arrays = arrays | {"thermal": arrays["thermal"].view(np.int16)}
-        self.jitter = crop is not None
-        self.side = crop if self.jitter else arrays["visible"].shape[1]
-        if device is None and self.jitter:
-            device = torch.device("cpu")
         self.arrays = (
             arrays
             if device is None
             else {name: torch.from_numpy(np.array(array)).to(device) for name, array in arrays.items()}
         )
-        if self.jitter:
-            self.arrays |= {name: mirrored(self.arrays[name]) for name in ("thermal", "visible")}
 
     def __len__(self) -> int:
         return len(self.arrays["identity"])
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         index = torch.as_tensor(indices)
-        if self.jitter:
-            rows = index.to(self.arrays["identity"].device)
-            thermal, visible = random_windows([self.arrays["thermal"], self.arrays["visible"]], rows, self.side)
-            batch = {"thermal": thermal, "visible": visible, "identity": self.arrays["identity"].index_select(0, rows)}
-        elif isinstance(self.arrays["identity"], torch.Tensor):
+        if isinstance(self.arrays["identity"], torch.Tensor):
             rows = index.to(self.arrays["identity"].device)
             batch = {name: array.index_select(0, rows) for name, array in self.arrays.items()}
         else:
@@ -75,18 +61,26 @@ def _batch_as_is(batch: dict) -> dict:
     return batch
 
 
-def mirrored(images: torch.Tensor) -> torch.Tensor:
-    """NHWC images -> (2, N, H, W, C): as they are, and mirrored left to right."""
-    return torch.stack([images, images.flip(2)])
+def random_windows(images: list[torch.Tensor], side: int) -> list[torch.Tensor]:
+    """pix2pix's jitter of NHWC images: for each image index, one random `side` x `side` window, mirrored left to
+    right for half of them, the same for every list member (a pair moves alike), each index its own. The draws
+    come from the process's default CPU generator whatever the images' device: the run's stream, which resume
+    restores."""
+    count, room = images[0].shape[0], images[0].shape[1] - side + 1
+    flip, top, left = (torch.randint(limit, (count,)).to(images[0].device) for limit in (2, room, room))
+    rows = torch.arange(count, device=images[0].device)
+    windows = []
+    for array in images:
+        # unfold: a view of every window, (N, room, room, C, side, side); no pixel is copied until the index
+        window = array.unfold(1, side, 1).unfold(2, side, 1)[rows, top, left].permute(0, 2, 3, 1)
+        windows.append(torch.where(flip.view(-1, 1, 1, 1).bool(), window.flip(2), window))
+    return windows
 
 
-def random_windows(images: list[torch.Tensor], rows: torch.Tensor, side: int) -> list[torch.Tensor]:
-    """For each of `rows`, a random `side` x `side` window of its `mirrored` images, of the mirrored copy for
-    half of the rows: the same window of every image of a row, each row its own. One index per image."""
-    count, room, device = len(rows), images[0].shape[2] - side + 1, rows.device
-    flip, top, left = (torch.randint(limit, (count,), device=device) for limit in (2, room, room))
-    # unfold: a view of every window, (2, N, room, room, side, side, C); no pixel is copied until the index
-    return [array.unfold(-3, side, 1).unfold(-3, side, 1).movedim(-3, -1)[flip, rows, top, left] for array in images]
+def jittered(batch: dict[str, torch.Tensor], side: int) -> dict[str, torch.Tensor]:
+    """A batch of the training split cached at the jitter side -> its `random_windows` of `side` px."""
+    thermal, visible = random_windows([batch["thermal"], batch["visible"]], side)
+    return batch | {"thermal": thermal, "visible": visible}
 
 
 def model_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -124,11 +118,7 @@ class PairedDataModule(LightningDataModule):
                 training = split == "train"
                 jitter = training and self.loader.jitter
                 arrays = dict(zip(FIELDS, load_split(self.cache_dir, JITTER if jitter else split)))
-                self.splits[split] = CachedPairs(
-                    arrays,
-                    device if training and self.loader.preload else None,
-                    self.manifest["image_size"] if jitter else None,
-                )
+                self.splits[split] = CachedPairs(arrays, device if training and self.loader.preload else None)
         world = self.trainer.world_size if self.trainer is not None else 1
         if stage == "fit" and len(self.splits["train"]) < self.batch_size * world:
             raise PipelineError(
@@ -171,4 +161,6 @@ class PairedDataModule(LightningDataModule):
         return self._dataloader("test")
 
     def on_after_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        if self.loader.jitter and self.trainer is not None and self.trainer.training:  # the jitter-side split's
+            batch = jittered(batch, self.manifest["image_size"])
         return model_batch(batch)

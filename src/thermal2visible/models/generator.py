@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from thermal2visible.config import TrainConfig
+from thermal2visible.models.small_convs import ACTIVE_SIDE, small_convs_as_matmul
 
 DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
 
@@ -86,8 +87,19 @@ def run_block(block: nn.Module, x: torch.Tensor, recompute: bool) -> torch.Tenso
         # The RNG state is replayed, so dropout masks match, and the recomputation leaves batch-norm statistics as
         # the forward left them, so recompute changes memory and time only, never the trained weights
         # (config.py marks model.recompute `run_only()`).
-        return checkpoint(block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), statistics_kept(block)))
+        side = ACTIVE_SIDE.get()  # backward recomputes outside the training step's conv mode: the same convs again
+        return checkpoint(
+            block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), recomputed_as_run(block, side))
+        )
     return block(x)
+
+
+@contextmanager
+def recomputed_as_run(block: nn.Module, small_convs_side: int):
+    """The recomputation of `block`: statistics kept, and convolutions laid out as the forward laid them out
+    (train.small_convs_as_matmul), so it saves the tensors the forward saved."""
+    with statistics_kept(block), small_convs_as_matmul(small_convs_side):
+        yield
 
 
 def generator_config(in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float) -> dict:

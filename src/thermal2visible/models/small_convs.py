@@ -11,6 +11,7 @@ export keep the standard convolutions of the same weights.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +65,10 @@ def _plain(args: tuple, kwargs: dict, extra: tuple[str, ...]) -> tuple | None:
     return (x, given["weight"], given.get("bias"), given.get("stride", 1), padding) if supported else None
 
 
+# The max_side in force (0: off), for recomputation in backward, which runs outside the mode (run_block).
+ACTIVE_SIDE: ContextVar[int] = ContextVar("small_convs_as_matmul", default=0)
+
+
 class SmallConvsAsMatmul(TorchFunctionMode):
     """Within it, a 2-D convolution whose smaller map (a convolution's output, a transposed convolution's input)
     is at most `max_side` x `max_side` pixels runs as one matmul; every other call is torch's own."""
@@ -71,6 +76,14 @@ class SmallConvsAsMatmul(TorchFunctionMode):
     def __init__(self, max_side: int):
         super().__init__()
         self.max_side = max_side
+
+    def __enter__(self):
+        self.token = ACTIVE_SIDE.set(self.max_side)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        ACTIVE_SIDE.reset(self.token)
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
