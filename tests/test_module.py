@@ -24,7 +24,7 @@ from thermal2visible.training.module import Pix2Pix, TrainingDiverged, linear_de
 from thermal2visible.training import resume
 from thermal2visible.training.resume import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
-from thermal2visible.training.precision import resolve_precision
+from thermal2visible.training.precision import OncePerIterationScaler, precision_options, resolve_precision
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch
 from shipped import SHIPPED, shipped
 
@@ -262,16 +262,18 @@ class ScaleProbe(Pix2Pix):
 
 @pytest.mark.parametrize("rule", RULES)
 def test_fp16_loss_scaling_goes_through_the_precision_plugin(rule):
-    """16-mixed with a GradScaler (forced on CPU here): backward sees the scaled loss, the step unscales."""
+    """16-mixed with the project's GradScaler (forced on CPU here): backward sees the scaled loss, the step unscales,
+    and the scale is updated once an iteration, from both networks' checks (growth_interval 1: one doubling; an
+    update after each optimizer step, Lightning's default, would double it twice)."""
     module = ScaleProbe(TINY_MODEL, tiny_train(update_rule=rule), SIZE, 1, 3)
     module.ratios = []
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
     trainer = build_trainer(
         tiny_train(), precision=None, limit_train_batches=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]
     )
     trainer.fit(module, train_dataloaders=loader())
     assert module.ratios == pytest.approx([2.0**10] * 2, rel=0.05)  # the D step, then the G step
-    assert scaler._growth_tracker.item() == 2  # both optimizer steps went through scaler.step/update
+    assert scaler.get_scale() == 2.0**11
 
 
 class GeneratorStepProbe(Pix2Pix):
@@ -292,16 +294,16 @@ class GeneratorStepProbe(Pix2Pix):
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_generator_steps_with_its_true_gradient_when_the_loss_scale_changes_between_the_steps(rule):
-    """growth_interval 1: the scaler's update after D's step doubles the scale. Under the simultaneous rule G's
-    gradients were scaled before it, and must still reach G's step unscaled."""
+def test_generator_steps_with_its_true_gradient_while_the_loss_scale_grows(rule):
+    """growth_interval 1: the scale doubles after every iteration, never between D's step and G's, so G's gradients
+    (scaled before D's step under the simultaneous rule) reach G's step unscaled."""
     train = tiny_train(update_rule=rule, lambda_l1=1.0)  # L1 x 100 x 2^13 would overflow fp16
     module = GeneratorStepProbe(TINY_MODEL, train, SIZE, 1, 3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+    scaler = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
     build_trainer(tiny_train(), precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]).fit(
         module, train_dataloaders=loader()
     )
-    assert scaler.get_scale() == 2.0**14  # doubled after each of 2 x 2 optimizer steps
+    assert scaler.get_scale() == 2.0**12  # doubled after each of 2 iterations
     for true, stepped in zip(module.true, module.stepped, strict=True):
         large = true.abs() > true.abs().max() * 0.1
         assert (stepped[large] / true.float()[large]).median().item() == pytest.approx(1.0, rel=0.05)
@@ -352,13 +354,13 @@ def test_the_loss_scale_survives_a_resume(tmp_path):
     def fp16(scaler):
         return dict(precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
 
-    grown = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+    grown = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
     build_trainer(tiny_train(), callbacks=[ModelCheckpoint(tmp_path, "last")], **fp16(grown)).fit(
         Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), train_dataloaders=loader()
     )
     reached = grown.get_scale()
     assert reached > 2.0**10  # it grew (growth_interval 1): a fresh scaler would start lower
-    fresh = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+    fresh = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
     resumed(Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), tmp_path / "last.ckpt", **fp16(fresh))
     assert fresh.get_scale() == reached
 
@@ -677,3 +679,15 @@ def test_resume_only_a_checkpoint_of_the_same_run(tmp_path, capsys):
     assert find_resume(tmp_path, "other", "auto") == (None, None) and not last.exists()
     assert (tmp_path / "unreadable" / "last.ckpt").read_bytes() == b"not a checkpoint"  # kept, not deleted
     assert "cannot be read" in capsys.readouterr().out
+
+
+def test_32_true_on_a_gpu_turns_tf32_off_and_mixed_precision_on():
+    """cuDNN takes TF32 by default: 32-true must say fp32 and mean it."""
+    defaults = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        assert precision_options("32-true", "gpu") == {"precision": "32-true"}
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert isinstance(precision_options("16-mixed", "gpu")["plugins"][0].scaler, OncePerIterationScaler)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = defaults

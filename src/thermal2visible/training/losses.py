@@ -1,5 +1,5 @@
 """The GAN losses of training/module.py: pix2pix's (vanilla or least-squares, on a PatchGAN's logits) and pix2pixHD's
-(averaged over the scales of a multi-scale discriminator, and feature matching between D's features)."""
+(over the scales of a multi-scale discriminator, and feature matching between D's features)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ def gan_loss(logits: torch.Tensor, real: bool, mode: str) -> torch.Tensor:
 
 
 def adversarial_loss(judged: list[list[torch.Tensor]], real: bool, mode: str) -> torch.Tensor:
-    """`gan_loss` of each scale's logits (MultiScaleDiscriminator's output), averaged over the scales (pix2pixHD)."""
+    """`gan_loss` of each scale's logits (MultiScaleDiscriminator's output), averaged over the scales. pix2pixHD sums
+    them, beside its feature matching and without L1; here the GAN loss stands against pix2pix's 100 x L1, and the
+    mean keeps that balance whatever the number of scales."""
     return torch.stack([gan_loss(outputs[-1], real, mode) for outputs in judged]).mean()
 
 

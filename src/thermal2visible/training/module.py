@@ -31,7 +31,7 @@ from thermal2visible.models.generator import as_tested
 from thermal2visible.models.networks import GENERATORS
 from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
-from thermal2visible.training.precision import resolve_channels_last
+from thermal2visible.training.precision import OncePerIterationScaler, resolve_channels_last
 
 
 class TrainingDiverged(PipelineError):
@@ -191,6 +191,9 @@ class Pix2Pix(LightningModule):
         step = self._simultaneous if self.cfg.update_rule == "simultaneous" else self._alternating
         with small_convs_as_matmul(self.cfg.small_convs_as_matmul):
             losses = step(thermal, real, batch, opt_g, opt_d)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if isinstance(scaler, OncePerIterationScaler):
+            scaler.end_iteration()
         if losses is None:
             return self._skip(snapshot, opt_d)
         self.images_seen += len(thermal)
@@ -264,16 +267,7 @@ class Pix2Pix(LightningModule):
         self.manual_backward(losses["loss_g"], inputs=list(self.generator.parameters()))
         if not self._finite(losses["loss_g"], self.generator):
             return None
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        scale = scaler.get_scale() if scaler is not None else None
-        opt_d.step()
-        if scaler is not None and scaler.get_scale() != scale:
-            # fp16: D's step ended in the GradScaler's update, which halved (overflow) or doubled (growth) the scale
-            # that G's gradients still carry; G's step divides by the new one. Powers of two: exact.
-            factor = scaler.get_scale() / scale
-            for weight in self.generator.parameters():
-                if weight.grad is not None:
-                    weight.grad.mul_(factor)
+        opt_d.step()  # fp16: the loss scale G's gradients carry holds until the iteration ends (OncePerIterationScaler)
         opt_g.step()
         return losses
 

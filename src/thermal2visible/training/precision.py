@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from lightning.fabric.utilities.rank_zero import WarningCache
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from thermal2visible.errors import ConfigError
 
@@ -69,3 +70,41 @@ def resolve_channels_last(channels_last: bool | str, device: str, precision: str
         return channels_last
     amx = "amx_bf16" in avx512_features() and torch.cpu.get_capabilities().get("amx_bf16", False)
     return device == "cpu" and precision == "bf16-mixed" and amx
+
+
+class OncePerIterationScaler(torch.amp.GradScaler):
+    """fp16 loss scaling for a training step that steps two optimizers (D, then G). Lightning updates the scale after
+    every optimizer step: twice an iteration, so the growth interval would count half-iterations, an overflow in
+    either network would halve the scale at once, and G's gradients could carry another scale than the one G's step
+    divides by. PyTorch's recipe for several optimizers is one update per iteration from all their overflow checks:
+    here `update` (Lightning's call) waits, and `end_iteration` (the training step's last act) updates."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stepped = False
+
+    def step(self, optimizer, *args, **kwargs):
+        self.stepped = True
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None) -> None:
+        """Lightning's call after each optimizer step: deferred to `end_iteration`."""
+
+    def end_iteration(self) -> None:
+        if self.stepped:  # an iteration that stopped before any step has no overflow check to update from
+            super().update()
+            self.stepped = False
+
+
+def precision_options(precision: str, accelerator: str) -> dict:
+    """The Trainer's precision arguments for a resolved `precision`: 16-mixed with a `OncePerIterationScaler`. Sets
+    TF32 explicitly: off for 32-true, whose name promises fp32 (cuDNN's convolutions take TF32 by default), on for
+    the mixed precisions, whose fp32 parts need no more."""
+    if accelerator != "cpu":
+        fp32 = precision == "32-true"
+        torch.backends.cuda.matmul.allow_tf32 = not fp32
+        torch.backends.cudnn.allow_tf32 = not fp32
+    if precision != "16-mixed":
+        return {"precision": precision}
+    device = "cpu" if accelerator == "cpu" else "cuda"
+    return {"plugins": [MixedPrecision("16-mixed", device, scaler=OncePerIterationScaler(device))]}

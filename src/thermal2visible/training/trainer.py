@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from thermal2visible.config import Params, TrainConfig
 from thermal2visible.errors import ConfigError
 from thermal2visible.training.allocator import keep_freed_memory
-from thermal2visible.training.precision import resolve_accelerator, resolve_precision
+from thermal2visible.training.precision import precision_options, resolve_accelerator, resolve_precision
 from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
 
 
@@ -130,7 +130,7 @@ def build_trainer(
         devices=train.devices,
         num_nodes=train.num_nodes,
         strategy=build_strategy(train, accelerator),
-        precision=resolve_precision(train.precision, accelerator),
+        **precision_options(resolve_precision(train.precision, accelerator), accelerator),
         sync_batchnorm=train.sync_batchnorm,
         deterministic=train.deterministic,
         min_epochs=train.min_epochs,
