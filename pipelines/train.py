@@ -43,6 +43,7 @@ from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.progress import EpochLine
 from thermal2visible.training.precision import resolve_accelerator, resolve_channels_last, resolve_precision
 from thermal2visible.training.resume import (
+    ResumeAgreement,
     checkpointing,
     find_resume,
     last_checkpoint,
@@ -168,6 +169,7 @@ def train(params: Params, data: PairedDataModule, recognizer, cache_hash: str, f
             ImageGridLogger(t.image_log_every),
             MetricsInCheckpoint(logger),
             *checkpointing(CHECKPOINTS, fingerprint, logger.run_id),
+            ResumeAgreement(resume_from),
         ],
     )
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Multi-node training with torchrun: run this same command on every node, from the project folder (the one with
-# params.yaml; a shared filesystem, or the same data/cache on every node), with the project's venv activated:
+# params.yaml), with the project's venv activated. Every node must see the same data/cache and the same checkpoints/:
+# a shared file system, or copies of node 0's folders (only rank 0 writes checkpoints; a node whose checkpoints/
+# disagrees with node 0's stops the job before its first step, naming what each node found):
 #   NNODES=2 NPROC_PER_NODE=4 NODE_RANK=0 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 pipelines/launch/torchrun.sh [--set k=v ...]
 # Lightning sees torchrun's environment (TorchElasticEnvironment) and builds DDP over NNODES x NPROC_PER_NODE
 # processes; train.num_nodes/train.devices are set to match, so the global batch is split correctly.

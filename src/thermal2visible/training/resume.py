@@ -23,6 +23,9 @@ The protocol:
      PsnrEarlyStopping._keep_best), so a kill never leaves a best file the resumed run disagrees with.
   6. An epoch's metrics reach MLflow only once its checkpoint exists, and a resumed run logs those the checkpoint
      holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
+  7. A job of several processes resumes as one: each decides from its own disk, and before any checkpoint is
+     loaded or any step taken they compare with rank 0's decision (`ResumeAgreement`); nodes that do not see the
+     same checkpoints/ stop together, naming what each found, instead of drifting apart.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import hashlib
 import json
 import os
 import random
+import socket
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,6 +151,38 @@ class RunStamp(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         checkpoint[STAMP] = dict(self.stamp)
+
+
+def resume_view(checkpoint: Path | None) -> str:
+    """What a rank would continue: the checkpoint's run and position, or a fresh start."""
+    if checkpoint is None:
+        return "a fresh start"
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    fingerprint, epoch, step = state[STAMP]["fingerprint"], state["epoch"], state["global_step"]
+    return f"{checkpoint} (fingerprint {fingerprint}, epoch {epoch}, step {step})"
+
+
+class ResumeAgreement(Callback):
+    """Every rank of a job decides from its own disk (`find_resume`). Before any checkpoint is loaded or any step
+    taken, rank 0's decision is compared with every other's; where one differs (nodes that do not share
+    checkpoints/), every rank stops with the same error naming what each found, instead of one node continuing
+    and the others starting afresh: Adam states that differ, replicas that drift, ranks that stop at different
+    epochs and hang."""
+
+    def __init__(self, resume_from: Path | None):
+        self.view = resume_view(resume_from)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.world_size == 1:
+            return
+        views = [None] * trainer.world_size
+        torch.distributed.all_gather_object(views, (socket.gethostname(), self.view))
+        if any(view != views[0][1] for _, view in views):
+            found = "; ".join(f"rank {rank} on {host}: {view}" for rank, (host, view) in enumerate(views))
+            raise PipelineError(
+                f"the job's processes disagree on how to resume ({found}). Rank 0 decides for the job: every node "
+                "must see the same checkpoints/ (a shared file system, or a copy of node 0's folder on each node)"
+            )
 
 
 def last_checkpoint(directory: Path) -> Path:
