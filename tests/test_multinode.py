@@ -41,49 +41,8 @@ def digest_of_checkpoint(project: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-@pytest.mark.timeout(400)
-def test_two_nodes_train_one_run_with_equal_weights_and_one_stop_decision(tmp_path, tiny_cache, write_params):
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
-    write_params(tmp_path, "train.max_epochs=4", "early_stop.window=1", "early_stop.patience=1")
-    env = os.environ | {
-        "NNODES": "2",
-        "NPROC_PER_NODE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }  # this venv's torchrun
-    nodes = [
-        subprocess.Popen(
-            [str(REPO / "pipelines" / "launch" / "torchrun.sh"), "--set", "train.accelerator=cpu"],
-            cwd=tmp_path,
-            env=env | {"NODE_RANK": str(rank)},
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [node.communicate(timeout=360)[0] for node in nodes]
-    for node, out in zip(nodes, outputs):
-        assert node.returncode == 0, out
-
-    ranks = [RANK_LINE.findall(out) for out in outputs]
-    assert [found[0][0] for found in ranks] == ["0", "1"], outputs  # each node ran one rank
-    (_, stopped_0, weights_0), (_, stopped_1, weights_1) = ranks[0][0], ranks[1][0]
-    assert stopped_0 == stopped_1  # the early-stopping decision is the same everywhere
-    assert weights_0 == weights_1 == digest_of_checkpoint(tmp_path)
-    assert f'"stopped_epoch": {stopped_0},' in (tmp_path / "metrics" / "train.json").read_text()
-
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
-    assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2" and runs[0].info.status == "FINISHED"
-    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_psnr")]
-    assert steps == list(range(1, int(stopped_0) + 1))
-
-
-def start_nodes(folders: list[Path], *settings: str) -> list[subprocess.Popen]:
-    """torchrun.sh on node ranks 0 and 1, node r in folders[r], each in its own session."""
+def start_nodes(folders: list[Path]) -> list[subprocess.Popen]:
+    """torchrun.sh (this venv's torchrun) on node ranks 0 and 1, node r in folders[r], each in its own session."""
     env = os.environ | {
         "NNODES": "2",
         "NPROC_PER_NODE": "1",
@@ -93,7 +52,7 @@ def start_nodes(folders: list[Path], *settings: str) -> list[subprocess.Popen]:
     }
     return [
         subprocess.Popen(
-            [str(REPO / "pipelines" / "launch" / "torchrun.sh"), "--set", "train.accelerator=cpu", *settings],
+            [str(REPO / "pipelines" / "launch" / "torchrun.sh"), "--set", "train.accelerator=cpu"],
             cwd=folder,
             env=env | {"NODE_RANK": str(rank)},
             text=True,
@@ -127,6 +86,30 @@ def kill_tree(pid: int) -> None:
 def checkpoint_epoch(folder: Path) -> int | None:
     path = folder / "checkpoints" / "last.ckpt"
     return torch.load(path, weights_only=True)["epoch"] if path.is_file() else None
+
+
+@pytest.mark.timeout(400)
+def test_two_nodes_train_one_run_with_equal_weights_and_one_stop_decision(tmp_path, tiny_cache, write_params):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
+    write_params(tmp_path, "train.max_epochs=4", "early_stop.window=1", "early_stop.patience=1")
+    nodes = start_nodes([tmp_path, tmp_path])  # one shared project folder
+    outputs = [node.communicate(timeout=360)[0] for node in nodes]
+    for node, out in zip(nodes, outputs):
+        assert node.returncode == 0, out
+
+    ranks = [RANK_LINE.findall(out) for out in outputs]
+    assert [found[0][0] for found in ranks] == ["0", "1"], outputs  # each node ran one rank
+    (_, stopped_0, weights_0), (_, stopped_1, weights_1) = ranks[0][0], ranks[1][0]
+    assert stopped_0 == stopped_1  # the early-stopping decision is the same everywhere
+    assert weights_0 == weights_1 == digest_of_checkpoint(tmp_path)
+    assert f'"stopped_epoch": {stopped_0},' in (tmp_path / "metrics" / "train.json").read_text()
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2" and runs[0].info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_psnr")]
+    assert steps == list(range(1, int(stopped_0) + 1))
 
 
 @pytest.mark.timeout(400)
