@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 import requests
 import tifffile
+from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
 from PIL import Image
 from shipped import shipped
 from tiny_model import export_tiny
 
 from thermal2visible.data.images import BadImage, image_size
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, model_server
-from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments, to_base64
+from thermal2visible.inference.rest import scoring_app
+from thermal2visible.inference.serving import IMAGE, ServedLimits, Work, pyfunc_arguments, to_base64
 
 pytestmark = pytest.mark.slow  # real server processes
 LIMITS = ServedLimits.of(shipped("serve", max_rows=4, max_request_pixels=3_000_000, max_model_pixels=10**7))
@@ -139,3 +141,11 @@ def test_a_request_stops_at_its_cpu_seconds_and_a_504_leaves_no_work_running(onn
         assert cpu_seconds(pid) - before < 0.1, "the server kept computing after its 504"
         assert invoke(base, [png(ramp(40, 56))]).status_code == 200  # and it still serves
     assert json.dumps(response.text)  # the 504's body is MLflow's short text
+
+
+def test_the_served_model_stops_at_the_servers_timeout_by_default(onnx_file, tmp_path, monkeypatch):
+    """Without MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT set, make serve's model still knows the scoring server's
+    timeout (MLflow's default), so abandoned work stops under the default settings too."""
+    monkeypatch.delenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", raising=False)
+    scoring_app(saved(onnx_file, tmp_path / "model", LIMITS), BODY_LIMIT)
+    assert Work(None, arrived=0.0).deadline == MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get() > 0

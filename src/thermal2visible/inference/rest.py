@@ -12,10 +12,12 @@ serve` runs) around the model, behind the guards that server lacks, in one uvico
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
 import uvicorn
+from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT as TIMEOUT
 from mlflow.pyfunc import scoring_server
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -106,6 +108,9 @@ async def reply(send: Send, status: int, content: dict[str, str]) -> None:
 def scoring_app(model_uri: str, max_request_bytes: int) -> ASGIApp:
     """MLflow's scoring app for the model at `model_uri`, behind the body cap and the `Guard`. The model loads as
     `mlflow models serve` loads it: SERVING_MODEL_CONFIG (JSON) overrides its model_config."""
+    # The served model stops work the server has given up on (serving.Work): it reads the timeout from the
+    # environment, as `mlflow models serve` sets it for its workers.
+    os.environ.setdefault(TIMEOUT.name, str(TIMEOUT.get()))
     app = scoring_server.init(scoring_server.load_model_with_mlflow_config(model_uri))
     return RequestBodyLimitMiddleware(Guard(app), max_body_size=max_request_bytes)
 
