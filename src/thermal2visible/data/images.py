@@ -142,24 +142,28 @@ def _checked(pixels: np.ndarray, source: str) -> np.ndarray:
     return pixels
 
 
-def image_size(data: bytes, source: str) -> tuple[int, int]:
-    """(width, height) from the header alone, for a budget over several images before any is decoded; raises
-    BadImage naming `source` for a file that is not one PNG, JPEG or 2-D TIFF image."""
+def image_size(data: bytes, source: str, max_pixels: int) -> tuple[int, int]:
+    """(width, height) from the header alone, checked against `max_pixels` as decoding checks it, for a budget over
+    several images before any is decoded; raises BadImage naming `source` for a file that is not one PNG, JPEG or
+    2-D TIFF image within the limit."""
     try:
         if data.startswith(TIFF_MAGICS):
             with tifffile.TiffFile(io.BytesIO(data)) as tiff:
-                return _tiff_size(tiff, source)
-        if data.startswith((PNG_MAGIC, JPEG_MAGIC)):
+                size = _tiff_size(tiff, source)
+        elif data.startswith((PNG_MAGIC, JPEG_MAGIC)):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                return Image.open(io.BytesIO(data)).size
+                size = Image.open(io.BytesIO(data)).size
+        else:
+            raise BadImage(source, "empty file (0 bytes)" if not data else "not a PNG, JPEG or TIFF image")
     except BadImage:
         raise
     except Image.DecompressionBombError as error:
         raise BadImage(source, f"decompression bomb refused before decoding: {error}") from None
     except Exception as error:
         raise BadImage(source, f"unreadable image header ({error})") from None
-    raise BadImage(source, "empty file (0 bytes)" if not data else "not a PNG, JPEG or TIFF image")
+    _check_size(*size, source, max_pixels)
+    return size
 
 
 def decode_image(data: bytes, source: str, max_pixels: int) -> np.ndarray:

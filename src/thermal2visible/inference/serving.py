@@ -197,14 +197,9 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         total = 0
         for row, data in enumerate(images):
             try:
-                width, height = image_size(data, f"row {row}")
+                width, height = image_size(data, f"row {row}", self.limits.max_pixels)
             except BadImage as error:
                 raise bad_request(str(error)) from None
-            if width * height > self.limits.max_pixels:
-                raise bad_request(
-                    f"row {row}: {width}x{height} = {width * height} pixels exceeds max_pixels "
-                    f"{self.limits.max_pixels} (refused before decoding)"
-                )
             self.check_work(height, width, f"row {row}")
             total += width * height
         budget = self.limits.max_request_pixels
