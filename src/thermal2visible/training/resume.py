@@ -170,13 +170,13 @@ class ResumeAgreement(Callback):
     epochs and hang."""
 
     def __init__(self, resume_from: Path | None):
-        self.view = resume_view(resume_from)
+        self.resume_from = resume_from
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if trainer.world_size == 1:
+        if trainer.world_size == 1:  # nothing to agree with: a single process never reads its checkpoint twice
             return
         views = [None] * trainer.world_size
-        torch.distributed.all_gather_object(views, (socket.gethostname(), self.view))
+        torch.distributed.all_gather_object(views, (socket.gethostname(), resume_view(self.resume_from)))
         if any(view != views[0][1] for _, view in views):
             found = "; ".join(f"rank {rank} on {host}: {view}" for rank, (host, view) in enumerate(views))
             raise PipelineError(
