@@ -9,6 +9,9 @@ a teammate's `dvc pull` leaves nothing to retrain. models/generator.pt is writte
 Under DDP (train.devices x train.num_nodes > 1) every process runs this script; only rank 0 writes files or logs.
 """
 
+# first, before torch loads OpenMP: it sets OpenMP's spin for trainings that share the cores
+import thermal2visible.training.shared_cores  # noqa: F401
+
 import csv
 import hashlib
 import json

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from thermal2visible.data.cache import JITTER, load_manifest, load_split
-from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, jittered, model_batch
+from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, StoredRows, jittered, model_batch
+from thermal2visible.errors import PipelineError
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 from shipped import SHIPPED_FROM, shipped
@@ -45,8 +46,8 @@ def test_preloaded_and_mapped_batches_hold_the_same_values(tiny_cache):
     )
     loaded.setup("fit")
     mapped.setup("fit")
-    assert isinstance(loaded.splits["train"].arrays["thermal"], torch.Tensor)
-    assert isinstance(mapped.splits["train"].arrays["thermal"], np.memmap)
+    assert isinstance(loaded.splits["train"].tensors["thermal"], torch.Tensor)
+    assert mapped.splits["train"].tensors is None
     rows = [5, 0, 11]
     first, second = (model_batch(m.splits["train"].__getitems__(rows)) for m in (loaded, mapped))
     for key in ("thermal", "visible", "identity"):
@@ -55,14 +56,71 @@ def test_preloaded_and_mapped_batches_hold_the_same_values(tiny_cache):
     np.testing.assert_allclose(first["thermal"].numpy(), expected, atol=1e-6)
 
 
-def test_jitter_moves_both_images_of_a_pair_alike_and_each_pair_its_own_way():
+def stored(folder, arrays: dict[str, np.ndarray]) -> dict[str, StoredRows]:
+    """`arrays` as cache files in `folder`, opened as the datamodule opens them."""
+    for name, array in arrays.items():
+        np.save(folder / f"{name}.npy", array)
+    return {name: StoredRows(folder / f"{name}.npy") for name in arrays}
+
+
+def test_preload_true_is_refused_naming_the_bytes_when_the_split_exceeds_its_share(tiny_cache):
+    module = PairedDataModule(tiny_cache, 4, shipped("loader", preload=True, preload_share=1e-9))
+    with pytest.raises(
+        PipelineError,
+        match=r"loader.preload: true, but the training split of .* takes 0.00 GiB, more "
+        r"than loader.preload_share \(1e-09\) of the [0-9.]+ GiB free on cpu; set loader.preload: auto",
+    ):
+        module.setup("fit")
+    assert module.splits.get("train") is None
+
+
+def test_preload_auto_reads_batches_from_the_files_when_the_split_exceeds_its_share(tiny_cache, capsys):
+    fits, too_big = (
+        PairedDataModule(tiny_cache, 4, shipped("loader", preload="auto", preload_share=share)) for share in (0.5, 1e-9)
+    )
+    fits.setup("fit")
+    too_big.setup("fit")
+    assert fits.splits["train"].tensors is not None and too_big.splits["train"].tensors is None
+    assert "loader: each training batch is read from the cache files" in capsys.readouterr().out
+    rows = [3, 1, 4]
+    for key, value in fits.splits["train"].__getitems__(rows).items():
+        torch.testing.assert_close(value, too_big.splits["train"].__getitems__(rows)[key])
+
+
+def test_reading_every_batch_of_a_split_leaves_this_process_memory_flat(tmp_path):
+    """The rows are read into each batch, not mapped: resident memory does not grow with the data read (a memory
+    map of the same files would add all 192 MiB of them)."""
+    pairs, side = 768, 128
+    files = {"thermal": np.uint16, "visible": np.uint8, "identity": np.int64}
+    shapes = {"thermal": (pairs, side, side, 1), "visible": (pairs, side, side, 3), "identity": (pairs,)}
+    for name, dtype in files.items():
+        array = np.lib.format.open_memmap(tmp_path / f"{name}.npy", "w+", dtype, shapes[name])
+        array[:] = 7
+        array.flush()
+        del array
+    split = CachedPairs({name: StoredRows(tmp_path / f"{name}.npy") for name in files})
+
+    def resident_mib() -> float:
+        status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+        return int(status["VmRSS"].split()[0]) / 1024
+
+    split.__getitems__(list(range(16)))
+    before = resident_mib()
+    total = 0
+    for start in range(0, pairs, 16):
+        total += int(split.__getitems__(list(range(start, start + 16)))["visible"].sum(dtype=torch.int64))
+    assert total == 7 * pairs * side * side * 3
+    assert resident_mib() - before < 32
+
+
+def test_jitter_moves_both_images_of_a_pair_alike_and_each_pair_its_own_way(tmp_path):
     count, side, crop = 16, 27, 24
     ramp = np.add.outer(np.arange(side), 3 * np.arange(side)).astype(np.uint8)  # asymmetric, so flips show
     visible = np.broadcast_to(ramp[None, :, :, None], (count, side, side, 3)).copy()
     thermal = visible[..., :1].astype(np.uint16) * 257  # the same picture in 16 bits
     arrays = {"thermal": thermal, "visible": visible, "identity": np.zeros(count, np.int64)}
     torch.manual_seed(0)
-    jittered_batch = model_batch(jittered(CachedPairs(arrays).__getitems__(list(range(count))), crop))
+    jittered_batch = model_batch(jittered(CachedPairs(stored(tmp_path, arrays)).__getitems__(list(range(count))), crop))
     assert jittered_batch["visible"].shape == jittered_batch["thermal"].shape[:1] + (3, crop, crop)
     # the same window of the same picture: the cached pixels themselves, nothing resampled
     torch.testing.assert_close(
@@ -112,8 +170,7 @@ DDP_SCRIPT = textwrap.dedent("""
     import torch
     from lightning.pytorch import LightningModule, Trainer
     from thermal2visible.config import load_params
-    from thermal2visible.data.cache import load_split
-    from thermal2visible.data.datamodule import FIELDS, CachedPairs, PairedDataModule, model_batch
+    from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch, stored_split
 
     class Recorder(LightningModule):
         def __init__(self):
@@ -123,7 +180,7 @@ DDP_SCRIPT = textwrap.dedent("""
 
         def unjittered(self, batch, split):
             rows = batch["index"].tolist()
-            cached = CachedPairs(dict(zip(FIELDS, load_split(sys.argv[1], split))))
+            cached = CachedPairs(stored_split(Path(sys.argv[1]), split))
             return torch.equal(model_batch(cached.__getitems__(rows))["visible"], batch["visible"])
 
         def training_step(self, batch, batch_idx):

@@ -111,7 +111,8 @@ class PreprocessConfig:
 class LoaderConfig:
     num_workers: int = run_only()
     pin_memory: bool = run_only()
-    preload: bool = run_only()
+    preload: bool | Literal["auto"] = run_only()
+    preload_share: Annotated[float, Field(gt=0, le=1)] = run_only()
     jitter: bool = weights()
 
 

@@ -5,15 +5,17 @@ The loader moves compact integers (uint16 thermal, uint8 visible, NHWC as cached
 The pix2pix jitter crops and flips each training batch, cached at the jitter side, there too (`jittered`): its
 windows are drawn in the main process from the run's own random stream, so loader workers, preloading and the
 device change nothing of what is drawn, and a resumed run draws what the uninterrupted one drew.
-With `loader.preload` the training set is copied to the device once in `setup` (paper §3.3.2) and a batch is
-one index into it. A batch is always one fancy index (`__getitems__`), never a Python
-loop over samples. Under DDP, Lightning swaps the shuffling sampler for a DistributedSampler, so each rank
-draws a distinct shard of every epoch; validation and test shards are unpadded (`UnrepeatedDistributedSampler`),
-so every image is scored exactly once across the ranks, however many there are.
+With `loader.preload` the training split is copied to the device once in `setup` (paper §3.3.2) and a batch is
+one index into it; otherwise (or when `auto` finds it too big for the device's free memory) each batch's rows are
+read from the cache files, and memory stays flat however many pairs there are. Either way a batch is taken whole
+(`__getitems__`), never collated from single samples. Under DDP, Lightning swaps the shuffling sampler for a
+DistributedSampler, so each rank draws a distinct shard of every epoch; validation and test shards are unpadded
+(`UnrepeatedDistributedSampler`), so every image is scored exactly once across the ranks, however many there are.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -25,34 +27,99 @@ from torch.utils.data import DataLoader, Dataset
 from thermal2visible.config import LoaderConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.pixels import stored_to_model_, uint16_from_int16_bits
-from thermal2visible.data.cache import JITTER, load_manifest, load_split
+from thermal2visible.data.cache import JITTER, array_file, load_manifest
 from thermal2visible.data.ingest import SPLITS
 
 FIELDS = ("thermal", "visible", "identity")
 
 
-class CachedPairs(Dataset):
-    """One split of the cache: memory-mapped arrays, or with a `device` tensors copied there once."""
+class StoredRows:
+    """One cached .npy array, read row by row from its file (`os.preadv` into the batch's own buffer): no part of
+    the array is mapped into or kept in this process, so its memory stays flat at any dataset size (the kernel's page
+    cache keeps what fits). Each process (a loader worker too) opens the file itself."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], device: torch.device | None = None):
-        # uint16 travels as its int16 bit pattern: torch indexes and moves int16 on every device, uint16 on few.
-        arrays = arrays | {"thermal": arrays["thermal"].view(np.int16)}
-        self.arrays = (
-            arrays
-            if device is None
-            else {name: torch.from_numpy(np.array(array)).to(device) for name, array in arrays.items()}
-        )
+    def __init__(self, path: Path):
+        self.path = path
+        with path.open("rb") as file:
+            version = np.lib.format.read_magic(file)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            self.shape, fortran_order, self.dtype = read_header(file)
+            self.offset = file.tell()
+        if fortran_order:
+            raise PipelineError(f"{path}: stored in Fortran order, not the cache's row order; re-run preprocess")
+        self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:]))
+        self.nbytes = self.row_bytes * self.shape[0]
+        self._file, self._pid = None, None
 
     def __len__(self) -> int:
-        return len(self.arrays["identity"])
+        return self.shape[0]
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"_file": None, "_pid": None}
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        if self._pid != os.getpid():
+            self._file, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        out = np.empty((len(rows), *self.shape[1:]), self.dtype)
+        for position, row in enumerate(rows):
+            if (
+                os.preadv(self._file, [out[position : position + 1]], self.offset + int(row) * self.row_bytes)
+                != self.row_bytes
+            ):
+                raise PipelineError(f"{self.path}: shorter than its header says; re-run the preprocess stage")
+        # uint16 travels as its int16 bit pattern: torch indexes and moves int16 on every device, uint16 on few.
+        return out.view(np.int16) if out.dtype == np.uint16 else out
+
+
+def stored_split(cache_dir: Path, split: str) -> dict[str, StoredRows]:
+    """The files of one split of the cache (or of JITTER), by field."""
+    return {kind: StoredRows(array_file(cache_dir, split, kind)) for kind in FIELDS}
+
+
+def preloaded(stored: StoredRows, device: torch.device, rows_per_copy: int = 256) -> torch.Tensor:
+    """The whole array on `device`, copied a few rows at a time: the host holds no second whole copy on the way."""
+    first = torch.from_numpy(stored.read(np.arange(min(1, len(stored)))))
+    tensor = torch.empty((len(stored), *first.shape[1:]), dtype=first.dtype, device=device)
+    for start in range(0, len(stored), rows_per_copy):
+        rows = np.arange(start, min(start + rows_per_copy, len(stored)))
+        tensor[start : start + len(rows)] = torch.from_numpy(stored.read(rows))
+    return tensor
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free for new data on `device`: the GPU's free memory, or the RAM Linux says is available."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines())
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def gib(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB"
+
+
+class CachedPairs(Dataset):
+    """One split of the cache: its files read per batch, or with a `device` tensors copied there once."""
+
+    def __init__(self, files: dict[str, StoredRows], device: torch.device | None = None):
+        self.files = files
+        self.tensors = None if device is None else {name: preloaded(rows, device) for name, rows in files.items()}
+
+    def __len__(self) -> int:
+        return len(self.files["identity"])
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         index = torch.as_tensor(indices)
-        if isinstance(self.arrays["identity"], torch.Tensor):
-            rows = index.to(self.arrays["identity"].device)
-            batch = {name: array.index_select(0, rows) for name, array in self.arrays.items()}
+        if self.tensors is not None:
+            rows = index.to(self.tensors["identity"].device)
+            batch = {name: tensor.index_select(0, rows) for name, tensor in self.tensors.items()}
         else:
-            batch = {name: torch.from_numpy(array[index.numpy()]) for name, array in self.arrays.items()}
+            batch = {name: torch.from_numpy(stored.read(index.numpy())) for name, stored in self.files.items()}
         return batch | {"index": index}
 
 
@@ -116,9 +183,9 @@ class PairedDataModule(LightningDataModule):
         for split in SPLITS:
             if split not in self.splits:
                 training = split == "train"
-                jitter = training and self.loader.jitter
-                arrays = dict(zip(FIELDS, load_split(self.cache_dir, JITTER if jitter else split)))
-                self.splits[split] = CachedPairs(arrays, device if training and self.loader.preload else None)
+                files = stored_split(self.cache_dir, JITTER if training and self.loader.jitter else split)
+                preload = training and self._preload(files, device)
+                self.splits[split] = CachedPairs(files, device if preload else None)
         world = self.trainer.world_size if self.trainer is not None else 1
         if stage == "fit" and len(self.splits["train"]) < self.batch_size * world:
             raise PipelineError(
@@ -126,10 +193,34 @@ class PairedDataModule(LightningDataModule):
                 f"of {self.batch_size} on each of {world} process(es); lower {self.batch_key}"
             )
 
+    def _preload(self, files: dict[str, StoredRows], device: torch.device) -> bool:
+        """Whether the training split goes to `device` whole: `loader.preload`, with `auto` (and a check of `true`)
+        against `loader.preload_share` of the memory free there, shared by the processes of this node on a CPU."""
+        if self.loader.preload is False:
+            return False
+        sharing = self.trainer.num_devices if self.trainer is not None and device.type == "cpu" else 1
+        needed, free = sum(stored.nbytes for stored in files.values()), free_memory(device) // sharing
+        budget = self.loader.preload_share * free
+        if needed <= budget:
+            return True
+        reason = (
+            f"the training split of {self.cache_dir} takes {gib(needed)}, more than loader.preload_share "
+            f"({self.loader.preload_share}) of the {gib(free)} free on {device.type}"
+            + (f" for each of its {sharing} processes" if sharing > 1 else "")
+        )
+        if self.loader.preload is True:
+            raise PipelineError(
+                f"loader.preload: true, but {reason}; set loader.preload: auto (each batch read from the cache "
+                "files) or false"
+            )
+        if self.trainer is None or self.trainer.is_global_zero:
+            print(f"loader: each training batch is read from the cache files: {reason}")
+        return False
+
     def _dataloader(self, split: str) -> DataLoader:
         training = split == "train"
         # Preloaded batches already sit on the device: workers or pinned copies would only add work.
-        preloaded = training and self.loader.preload
+        preloaded = training and self.splits[split].tensors is not None
         workers = 0 if preloaded else self.loader.num_workers
         sampler = None
         if not training and self.trainer is not None and self.trainer.world_size > 1:

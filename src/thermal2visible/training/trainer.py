@@ -21,6 +21,7 @@ from thermal2visible.errors import ConfigError
 from thermal2visible.training.allocator import keep_freed_memory
 from thermal2visible.training.precision import precision_options, resolve_accelerator, resolve_precision
 from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
+from thermal2visible.training.shared_cores import TakeTurns
 
 
 def world_size(train: TrainConfig) -> int:
@@ -136,7 +137,7 @@ def build_trainer(
         min_epochs=train.min_epochs,
         max_epochs=train.max_epochs,
         max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
-        callbacks=[*callbacks, RandomStreams(train.seed)],
+        callbacks=[*callbacks, RandomStreams(train.seed), TakeTurns()],
         logger=logger,
         plugins=[AtomicCheckpointIO()],
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),

@@ -1,0 +1,45 @@
+"""Trainings on one machine take turns for its cores: a training step waits while another run holds them."""
+
+import dataclasses
+import fcntl
+import threading
+import time
+
+from lightning.pytorch import Callback
+
+from thermal2visible.data.datamodule import PairedDataModule
+from thermal2visible.training.module import Pix2Pix
+from thermal2visible.training.shared_cores import TURNS
+from thermal2visible.training.trainer import build_trainer
+
+
+class StepEnds(Callback):
+    def __init__(self):
+        self.times = []
+
+    def on_train_batch_end(self, *hook_arguments) -> None:
+        self.times.append(time.monotonic())
+
+
+def test_a_training_step_waits_while_another_run_holds_the_cores(tiny_cache, tiny_params):
+    held, released = threading.Event(), []
+
+    def neighbour() -> None:
+        """Another run's step: holds the turn for two seconds."""
+        with TURNS.open("a") as turns:
+            fcntl.flock(turns, fcntl.LOCK_EX)
+            held.set()
+            time.sleep(2)
+            released.append(time.monotonic())
+
+    other = threading.Thread(target=neighbour)
+    other.start()
+    held.wait()
+    train = dataclasses.replace(tiny_params.train, max_epochs=1, min_epochs=1, accelerator="cpu")
+    data = PairedDataModule(tiny_cache, train.batch_size, tiny_params.loader)
+    module = Pix2Pix(tiny_params.model, train, data.manifest["image_size"], 1, 3)
+    steps = StepEnds()
+    build_trainer(train, callbacks=[steps], limit_val_batches=0).fit(module, datamodule=data)
+    other.join()
+    assert steps.times and steps.times[0] > released[0]  # no step ran while the neighbour held the cores
+    assert len(steps.times) == len(data.train_dataloader())  # and every step ran once it let go
