@@ -47,7 +47,7 @@ from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summari
 from thermal2visible.config import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PARAMS, PIX2PIX_DEFAULT  # noqa: E402
 from thermal2visible.dev.study import evaluate_child, prepare_cache, train_child  # noqa: E402
-from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
+from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 
 PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yaml)"
 VARIANT_COLOURS = ["#dd8452", "#4c72b0", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
@@ -147,7 +147,7 @@ def main() -> None:
     )
     # The parent run is made here, in the project, so the experiment (and its artifact folder) is the project's,
     # not a scratch child's.
-    mlflow.set_tracking_uri(absolute_tracking_uri())
+    mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(load_params(args.params).mlflow.experiment)
     with tempfile.TemporaryDirectory(prefix="t2v-ttq-") as work, mlflow.start_run(run_name="time-to-quality") as parent:
         mlflow.log_params(

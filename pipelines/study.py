@@ -51,7 +51,7 @@ from thermal2visible.dev.results import new_dated_stem  # noqa: E402
 from thermal2visible.paths import GENERATOR, PARAMS, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
 from thermal2visible.dev.study import child_project, evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.figures import image_rows  # noqa: E402
-from thermal2visible.tracking.store import absolute_tracking_uri  # noqa: E402
+from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision  # noqa: E402
 
 DEFAULT_VALUES = {"batch": ([1, 2, 4, 8, 16, 32, 64], [2, 8, 32]), "lr": ([4], [4]), "speed": ([2, 8, 32], [16])}
@@ -337,7 +337,7 @@ def main() -> None:
     ]
     values = args.values or DEFAULT_VALUES[args.study][args.quick] if args.study != "quality" else args.seeds
     params = load_params(args.params, overrides)  # a bad override fails here, before any child starts
-    mlflow.set_tracking_uri(absolute_tracking_uri())
+    mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(params.mlflow.experiment)
     with (
         tempfile.TemporaryDirectory(prefix=f"t2v-study-{args.study}-") as work,

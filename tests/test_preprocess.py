@@ -9,7 +9,7 @@ import tifffile
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import stored_section
-from thermal2visible.data.cache import build_cache, load_manifest, load_split
+from thermal2visible.data.cache import RowFile, build_cache, load_manifest, load_split
 from thermal2visible.data.images import read_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.preprocess import (
@@ -220,3 +220,25 @@ def test_sequence_split_keeps_the_frames_of_a_video_together(tmp_path):
     for source in sources:
         assert split_of_clip.setdefault(source["thermal"].split("/")[1], source["split"]) == source["split"]
     assert len(split_of_clip) == 6 and set(split_of_clip.values()) == {"train", "val", "test"}
+
+
+def test_cache_rows_are_written_without_holding_the_array_in_memory(tmp_path):
+    """RowFile writes what np.save writes, a row at a time, and this process's resident memory does not grow with
+    the rows written (a memory map of the same file would hold its 192 MiB of written pages)."""
+    rows, shape = 4096, (128, 128, 3)
+    row = np.arange(np.prod(shape), dtype=np.uint64).reshape(shape).astype(np.uint8)
+
+    def resident_mib() -> float:
+        status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+        return int(status["VmRSS"].split()[0]) / 1024
+
+    written = RowFile(tmp_path / "rows.npy", np.uint8, (rows, *shape))
+    written.write(0, row)
+    before = resident_mib()
+    for index in range(1, rows):
+        written.write(index, row + np.uint8(index % 7))
+    written.file.close()
+    assert resident_mib() - before < 32
+    expected = np.stack([row + np.uint8(index % 7) for index in range(rows)])
+    np.save(tmp_path / "saved.npy", expected)
+    assert (tmp_path / "rows.npy").read_bytes() == (tmp_path / "saved.npy").read_bytes()

@@ -2,6 +2,7 @@
 run on this machine; also what `mlflow run . -e STAGE -P set="section.key=value ..."` runs.
 
     python -m thermal2visible.experiment [STAGE|all] ["section.key=value ..."] [--preset FILE] [--set section.key=value]
+                                         [--queue] [--name NAME]
 
 `dvc exp run [STAGE] -S section.key=value ...` writes the settings into params.yaml, runs what changed and records
 it in dvc.lock and a DVC experiment, so params.yaml, dvc.lock and the MLflow runs always describe the same model.
@@ -27,8 +28,9 @@ from thermal2visible.training.precision import resolve_accelerator
 MLPROJECT_USAGE = 'the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"'
 
 
-def dvc_command(stage: str, settings: list[str]) -> list[str]:
+def dvc_command(stage: str, settings: list[str], queue: bool = False, name: str | None = None) -> list[str]:
     command = ["dvc", "exp", "run", *([] if stage == "all" else [stage])]
+    command += (["--queue"] if queue else []) + (["--name", name] if name else [])
     return command + [arg for setting in settings for arg in ("-S", setting)]
 
 
@@ -47,6 +49,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("settings", nargs="?", default="", help='"section.key=value ..." (MLproject\'s `set`)')
     parser.add_argument("--preset", action="append", default=[], metavar="FILE", help="a preset from params/")
     add_overrides(parser, "one setting (repeatable), as `dvc exp run -S`")
+    parser.add_argument("--queue", action="store_true", help="queue the experiment (`dvc queue start -j N` runs it)")
+    parser.add_argument("--name", help="the experiment's name (dvc exp run --name)")
     args, unknown = parser.parse_known_args(argv[1:])
     if unknown:  # `mlflow run -P name=value` with a name MLproject does not declare arrives as `--name value`
         sys.exit(f"error: {MLPROJECT_USAGE}")
@@ -58,7 +62,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: {error}\nnothing was run or changed")
     # The stages run `python` from PATH: make it this interpreter's environment even where the venv is not active.
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    command = dvc_command(args.stage, settings)
+    command = dvc_command(args.stage, settings, args.queue, args.name)
     print("+", " ".join(command), flush=True)
     os.execvp(command[0], command)
 

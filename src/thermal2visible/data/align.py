@@ -15,6 +15,7 @@ stands out by it. docs/data.md gives the measurements behind each choice.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -167,9 +168,14 @@ class Registration:
 
 
 def register(
-    pairs: Sequence[dict], splits: Sequence[str], read: Callable[[dict], Frames], cfg: PreprocessConfig
+    pairs: Sequence[dict],
+    splits: Sequence[str],
+    read: Callable[[dict], Frames],
+    cfg: PreprocessConfig,
+    map_pairs: Callable = map,
 ) -> Registration:
-    """Estimate the rig from the training pairs, decide whether to apply it, and measure every pair against it.
+    """Estimate the rig from the training pairs, decide whether to apply it, and measure every pair against it
+    (through `map_pairs`, which may spread the pairs over processes: `read` must then pickle).
     One transform for the whole dataset: a rig's parallax and field of view are fixed by its mount and lenses,
     and a single sequence (a few near-identical frames) would pin it down less well than all training pairs."""
     training = [pair for pair, split in zip(pairs, splits) if split == "train"]
@@ -179,9 +185,13 @@ def register(
     estimated = estimate_rig(training, cfg)
     height, width = training[0][0].shape[:2]
     applied = estimated if cfg.align and estimated.displacement(height, width) > REGISTERED_PX else None
-    residuals = [residual(*read(pair), applied or IDENTITY, cfg) for pair in pairs]
+    residuals = list(map_pairs(functools.partial(read_residual, read, applied or IDENTITY, cfg), pairs))
     refused = [i for i, value in enumerate(residuals) if value > cfg.align_max_residual] if cfg.align else []
     return Registration(estimated, applied, residuals, refused)
+
+
+def read_residual(read: Callable[[dict], Frames], rig: Rig, cfg: PreprocessConfig, pair: dict) -> float:
+    return residual(*read(pair), rig, cfg)
 
 
 def aligned(frames: Frames, rig: Rig | None) -> Frames:

@@ -1,15 +1,21 @@
 """The preprocessed cache: per split, thermal uint16 and visible uint8 NHWC arrays + identity labels, and a manifest.
 
-Integers keep the cache small (and the loader moving little); .npy files memory-map, so a dataset larger than
-memory still loads. Arrays are written in place with `open_memmap` rather than stacked in memory first.
+Integers keep the cache small (and the loader moving little). The arrays are .npy files written a row at a time by
+a process per core and read back a batch's rows at a time (data.datamodule), so neither writing nor training holds
+a whole split in memory: a dataset larger than memory is preprocessed and trained on alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import multiprocessing
+import os
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -28,6 +34,7 @@ from thermal2visible.data.preprocess import (
 from thermal2visible.paths import MANIFEST
 from thermal2visible.pixels import quantise
 
+CHUNK = 8  # pairs a worker prepares per task: fewer round trips, and still an even spread over the workers
 JITTER = "jitter"  # the training split at the jitter side: jitter_{thermal,visible,identity}.npy
 
 
@@ -49,12 +56,12 @@ def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list
 
 
 def _registered(
-    root: Path, pairs: list[dict], splits: list[str], read, cfg: PreprocessConfig, on_error: str
+    root: Path, pairs: list[dict], splits: list[str], read, cfg: PreprocessConfig, on_error: str, pool
 ) -> tuple[list[dict], list[str], list[float], dict, Rig | None]:
     """The pairs (with their splits and residuals) that stay once the rig is measured, the manifest's `align`
     section and the rig to apply; with `on_error: fail` a pair the rig cannot lay onto its partner stops everything,
     before anything is written."""
-    registration = register(pairs, splits, read, cfg)
+    registration = register(pairs, splits, read, cfg, functools.partial(pool.imap, chunksize=CHUNK))
     refused = _refusals(root, pairs, registration)
     if refused and on_error == "fail":
         raise PipelineError(
@@ -86,69 +93,105 @@ def applied_rig(manifest: dict) -> Rig | None:
     return Rig.from_dict(applied) if applied else None
 
 
+def read_checked(root: Path, layout: str, max_pixels: int, cfg: PreprocessConfig, pair: dict):
+    """The decoded pair; a thermal frame whose kind does not fit the normalisation fails naming its file."""
+    thermal, visible = read_pair(root, pair, layout, max_pixels)
+    try:
+        check_thermal_kind(thermal, cfg)
+    except PipelineError as error:
+        raise PipelineError(f"{root / pair['thermal']}: {error}") from None
+    return thermal, visible
+
+
+def prepared_rows(read, rig: Rig | None, configs: dict[str, PreprocessConfig], pair: dict) -> tuple[str, dict]:
+    """One pair as the cache stores it, for each output (a split, and JITTER for training pairs): (the thermal
+    frame's dtype name, {output: (thermal uint16, visible uint8)})."""
+    raw_thermal, raw_visible = aligned(read(pair), rig)
+    rows = {
+        name: (
+            quantise(prepare_thermal(raw_thermal, config), np.uint16),
+            quantise(prepare_visible(raw_visible, raw_thermal, config), np.uint8),
+        )
+        for name, config in configs.items()
+    }
+    return raw_thermal.dtype.name, rows
+
+
+class RowFile:
+    """A .npy array written one row at a time (`os.pwrite`): nothing of it is mapped into or kept in this process,
+    so writing any number of rows takes the same memory."""
+
+    def __init__(self, path: Path, dtype, shape: tuple[int, ...]):
+        header = np.lib.format.open_memmap(path, "w+", dtype, shape)  # writes the header, sizes the file
+        self.offset, self.row_bytes = header.offset, header.itemsize * int(np.prod(shape[1:]))
+        del header
+        self.file = path.open("r+b")
+
+    def write(self, row: int, values: np.ndarray) -> None:
+        os.pwrite(self.file.fileno(), np.ascontiguousarray(values).tobytes(), self.offset + row * self.row_bytes)
+
+
+@contextmanager
+def worker_pool() -> Iterator:
+    """A process per core this process may use: preprocessing a pair is pure numpy/scikit-image work, which one
+    process does on one core. Forked, so the pairs' reader needs no import in the workers."""
+    with multiprocessing.get_context("fork").Pool(len(os.sched_getaffinity(0))) as pool:
+        yield pool
+
+
 def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path, on_error: str) -> dict:
-    """Preprocess every pair of an ingest index into `out_dir`; returns the manifest it wrote. The camera rig is
-    measured first (`align.register`); `on_error` (ingest.on_error) decides what a pair it cannot align does."""
+    """Preprocess every pair of an ingest index into `out_dir`, a process per core; returns the manifest it wrote.
+    The camera rig is measured first (`align.register`); `on_error` (ingest.on_error) decides what a pair it cannot
+    align does. Pairs are read, prepared and written a chunk at a time: memory stays flat at any number of pairs."""
     root, layout, pairs = Path(index["root"]), index["layout"], index["pairs"]
     splits = assign_splits(
         [p["identity"] for p in pairs], [p["split"] for p in pairs], cfg, [sequence_of(p["thermal"]) for p in pairs]
     )
-
-    def read(pair: dict):
-        """The decoded pair; a thermal frame whose kind does not fit the normalisation fails naming its file."""
-        thermal, visible = read_pair(root, pair, layout, max_pixels)
-        try:
-            check_thermal_kind(thermal, cfg)
-        except PipelineError as error:
-            raise PipelineError(f"{root / pair['thermal']}: {error}") from None
-        return thermal, visible
-
-    pairs, splits, residuals, alignment, rig = _registered(root, pairs, splits, read, cfg, on_error)
-    identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
-    label = {name: position for position, name in enumerate(identities)}
     size, channels = cfg.image_size, (index["thermal_channels"], index["visible_channels"])
     # pix2pix's jitter crops `size` out of the image resized to jitter_side: the training split is also stored at
     # that side, resized once from the source, so a jittered crop is resampled once, as the test images are.
     jitter = dataclasses.replace(cfg, image_size=jitter_side(cfg))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    read = functools.partial(read_checked, root, layout, max_pixels, cfg)
     sources, counts, thermal_dtypes = [], {}, Counter()
-    with tqdm(total=len(pairs), desc="preprocess", unit="pair") as progress:
-        for split in SPLITS:
-            members = [(p, r) for p, s, r in zip(pairs, splits, residuals) if s == split]
-            counts[split] = len(members)
-            outputs = {split: cfg} | ({JITTER: jitter} if split == "train" else {})
-            arrays = {
-                name: [
-                    np.lib.format.open_memmap(
-                        array_file(out_dir, name, kind),
-                        "w+",
-                        dtype,
-                        (len(members), config.image_size, config.image_size, c),
+    with worker_pool() as pool:
+        pairs, splits, residuals, alignment, rig = _registered(root, pairs, splits, read, cfg, on_error, pool)
+        identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
+        label = {name: position for position, name in enumerate(identities)}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tqdm(total=len(pairs), desc="preprocess", unit="pair") as progress:
+            for split in SPLITS:
+                members = [(p, r) for p, s, r in zip(pairs, splits, residuals) if s == split]
+                counts[split] = len(members)
+                outputs = {split: cfg} | ({JITTER: jitter} if split == "train" else {})
+                files = {
+                    name: [
+                        RowFile(
+                            array_file(out_dir, name, kind),
+                            dtype,
+                            (len(members), config.image_size, config.image_size, c),
+                        )
+                        for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels)
+                    ]
+                    for name, config in outputs.items()
+                }
+                prepare = functools.partial(prepared_rows, read, rig, outputs)
+                for row, (dtype, rows) in enumerate(pool.imap(prepare, [p for p, _ in members], chunksize=CHUNK)):
+                    thermal_dtypes[dtype] += 1
+                    for name, (thermal, visible) in rows.items():
+                        files[name][0].write(row, thermal)
+                        files[name][1].write(row, visible)
+                    progress.update()
+                for pair, residual in members:
+                    sources.append(
+                        {key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
+                        | {"split": split, "residual_px": round(residual, 3)}
                     )
-                    for kind, dtype, c in zip(("thermal", "visible"), (np.uint16, np.uint8), channels)
-                ]
-                for name, config in outputs.items()
-            }
-            for row, (pair, residual) in enumerate(members):
-                raw_thermal, raw_visible = aligned(read(pair), rig)
-                thermal_dtypes[raw_thermal.dtype.name] += 1
-                for name, config in outputs.items():
-                    thermal, visible = arrays[name]
-                    thermal[row] = quantise(prepare_thermal(raw_thermal, config), np.uint16)
-                    visible[row] = quantise(prepare_visible(raw_visible, raw_thermal, config), np.uint8)
-                sources.append(
-                    {key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
-                    | {"split": split, "residual_px": round(residual, 3)}
-                )
-                progress.update()
-            for thermal, visible in arrays.values():
-                thermal.flush()
-                visible.flush()
-            del thermal, visible
-            arrays.clear()  # close the memory maps before the next split opens its own
-            labels = np.array([label.get(p["identity"], -1) for p, _ in members], dtype=np.int64)
-            for name in outputs:
-                np.save(array_file(out_dir, name, "identity"), labels)
+                for thermal, visible in files.values():
+                    thermal.file.close()
+                    visible.file.close()
+                labels = np.array([label.get(p["identity"], -1) for p, _ in members], dtype=np.int64)
+                for name in outputs:
+                    np.save(array_file(out_dir, name, "identity"), labels)
     manifest = {
         "root": index["root"],
         "layout": layout,

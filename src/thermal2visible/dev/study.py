@@ -17,12 +17,12 @@ from mlflow import MlflowClient
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import CACHE, EVAL_METRICS, INDEX, PIPELINES, PSNR_CSV, RECOGNIZER, TRAIN_METRICS
-from thermal2visible.tracking.store import absolute_tracking_uri, training_run_id
+from thermal2visible.tracking.store import tracking_uri, training_run_id
 
 
 def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
     env = os.environ | {
-        "MLFLOW_TRACKING_URI": absolute_tracking_uri(),
+        "MLFLOW_TRACKING_URI": tracking_uri(),
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DVC_NO_ANALYTICS": "1",
     }
@@ -82,7 +82,7 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     summary = json.loads((project / TRAIN_METRICS).read_text())
     with (project / PSNR_CSV).open() as file:
         rows = list(csv.DictReader(file))
-    client = MlflowClient(absolute_tracking_uri())
+    client = MlflowClient(tracking_uri())
     run_id = training_run_id(summary["fingerprint"])
     started_ms = client.get_run(run_id).info.start_time
     psnr_times = {m.step: m.timestamp for m in client.get_metric_history(run_id, "val_psnr")}

@@ -27,7 +27,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.paths import UI_SCREENSHOTS
 from thermal2visible.dev.servers import mlflow_app
 from thermal2visible.inference.registry import registered_model_name
-from thermal2visible.tracking.store import absolute_tracking_uri
+from thermal2visible.tracking.store import tracking_uri
 
 MODEL_TRAINING = "workflowType=machine_learning"
 # The metric charts draw last, after their plotting library loads: a long run's 11 charts took more than 40 s of
@@ -114,7 +114,7 @@ def screenshot_latest_training(store_uri: str, out_dir: Path, model_name: str, b
 def main() -> None:
     from thermal2visible.config import load_params
 
-    uri = absolute_tracking_uri()
+    uri = tracking_uri()
     with tempfile.TemporaryDirectory() as logs, mlflow_ui(uri, Path(logs)) as base:
         written = screenshot_latest_training(uri, UI_SCREENSHOTS, registered_model_name(load_params()), base)
     print("wrote " + ", ".join(map(str, written)))

@@ -2,8 +2,9 @@
 that run to its code (git commit, whether the sources differed), its data (an MLflow dataset whose digest is the
 data hash) and its DVC experiment.
 
-Tracking goes to `MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the working directory, with artifacts in
-./mlruns beside it. Every run is a Lightning `MLFlowLogger`; under DDP only rank 0 creates the run and logs to it.
+Tracking goes to `MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the project folder (`project_root`), with
+artifacts in mlruns/ beside it. Every run is a Lightning `MLFlowLogger`; under DDP only rank 0 creates the run and
+logs to it.
 
 The data version is `data_hash`: the md5 of data/cache/manifest.json. The manifest names every source file by
 sha256 and the preprocess params, so it changes exactly when the cache's inputs change (unlike the dvc.lock hash
@@ -40,7 +41,15 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 EXPERIMENT_KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 
 
+def project_root() -> Path:
+    """The folder the project's store belongs to: DVC_ROOT, which `dvc exp run --queue` points at the project rather
+    than the temporary copy its stages run in (and `dvc repro` at the project itself), else the working directory."""
+    return Path(os.environ.get("DVC_ROOT") or Path.cwd())
+
+
 def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI, else sqlite:///mlflow.db; a relative SQLite path is the project folder's, made absolute
+    so that processes in other folders (a queued experiment's copy, a study's scratch projects) share the store."""
     uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     if urlsplit(uri).scheme in ("http", "https") and urlsplit(uri).password:
         # MLflow prints the URI in every "View run ... at: <uri>" line: terminals, DVC and CI logs.
@@ -48,15 +57,9 @@ def tracking_uri() -> str:
             "MLFLOW_TRACKING_URI: holds a password, which MLflow would print; put the user and "
             "password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead"
         )
-    return uri
-
-
-def absolute_tracking_uri() -> str:
-    """The project's tracking URI, a relative sqlite path made absolute so processes in other folders share it."""
-    uri = tracking_uri()
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not Path(uri[len(prefix) :]).is_absolute():
-        return prefix + str(Path.cwd() / uri[len(prefix) :])
+        return prefix + str(project_root() / uri[len(prefix) :])
     return uri
 
 
@@ -88,8 +91,12 @@ def ensure_experiment(client: MlflowClient, name: str) -> None:
     It is marked as model development, so MLflow's UI shows it as a training experiment, not a GenAI one.
     """
     if client.get_experiment_by_name(name) is None:
+        # a local store keeps its artifacts in mlruns/ beside it, wherever the process that creates the experiment
+        # runs (MLflow's default is the working directory's)
+        local = client.tracking_uri.startswith("sqlite:///")
+        artifacts = (Path(client.tracking_uri.removeprefix("sqlite:///")).parent / "mlruns").as_uri() if local else None
         try:
-            client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT})
+            client.create_experiment(name, artifact_location=artifacts, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT})
         except MlflowException as error:
             if error.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise

@@ -29,28 +29,28 @@ TURNS = Path(tempfile.gettempdir()) / f"thermal2visible-{os.getuid()}-cores.lock
 
 class TakeTurns(Callback):
     """Holds TURNS for every training and validation step of a single-process CPU run. A DDP job's processes
-    already split the cores among themselves, and a lock between them would deadlock their gradient exchange."""
+    already split the cores among themselves, and a lock between them would deadlock their gradient exchange.
+    Every Trainer of a process shares one open file of TURNS: a lock is held per open file, so a step that raised
+    before giving its turn back can never block the next Trainer of the same process."""
+
+    files: dict[int, object] = {}  # process id -> its open TURNS (a forked child opens its own)
 
     def __init__(self):
         self.turns = None
 
     def setup(self, trainer, module, stage: str) -> None:
-        if trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu" and self.turns is None:
-            self.turns = TURNS.open("a")
+        if trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu":
+            if os.getpid() not in self.files:
+                self.files[os.getpid()] = TURNS.open("a")
+            self.turns = self.files[os.getpid()]
 
-    def take(self, *hook_arguments) -> None:
+    def take(self, *hook_arguments, **hook_keywords) -> None:
         if self.turns is not None:
             fcntl.flock(self.turns, fcntl.LOCK_EX)
 
-    def give(self, *hook_arguments) -> None:
+    def give(self, *hook_arguments, **hook_keywords) -> None:
         if self.turns is not None:
             fcntl.flock(self.turns, fcntl.LOCK_UN)
 
     on_train_batch_start = on_validation_batch_start = take
-    on_train_batch_end = on_validation_batch_end = give
-
-    def teardown(self, trainer, module, stage: str) -> None:
-        """Closing the file gives the turn back, also after a step that raised."""
-        if self.turns is not None:
-            self.turns.close()
-            self.turns = None
+    on_train_batch_end = on_validation_batch_end = on_exception = teardown = give
