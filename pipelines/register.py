@@ -44,7 +44,14 @@ from thermal2visible.inference.registry import (
 from thermal2visible.inference.serving import ServedLimits, ThermalToVisible
 from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
 from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run, read_record
-from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, git_tags, tracking_uri
+from thermal2visible.tracking.store import (
+    GENERATOR_DIGEST,
+    data_hash,
+    file_digest,
+    git_tags,
+    store_lock,
+    tracking_uri,
+)
 from thermal2visible.paths import CACHE, EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, REGISTERED
 
 
@@ -128,15 +135,16 @@ def main(params: Params) -> None:
     evaluation_run = ensure_evaluation_run(params, generator, training_run)
     onnx_digest = file_digest(ONNX)
     client = MlflowClient()
-    existing = registered_version(client, name, onnx_digest)
-    if existing is None:
-        result = register_new(params, name, exported, test_psnr, training_run, evaluation_run, onnx_digest)
-        version, alias, gate = result.version, result.alias, result.gate
-    else:
-        gate = {key.removeprefix("gate_"): value for key, value in existing.tags.items() if key.startswith("gate_")}
-        version = int(existing.version)
-        alias = current_alias(client, name, existing.version)
-        print(f"register: {ONNX} is {name} version {version} already (@{alias}); nothing added")
+    with store_lock(tracking_uri()):  # another experiment's register stage waits: one gate at a time
+        existing = registered_version(client, name, onnx_digest)
+        if existing is None:
+            result = register_new(params, name, exported, test_psnr, training_run, evaluation_run, onnx_digest)
+            version, alias, gate = result.version, result.alias, result.gate
+        else:
+            gate = {key.removeprefix("gate_"): value for key, value in existing.tags.items() if key.startswith("gate_")}
+            version = int(existing.version)
+            alias = current_alias(client, name, existing.version)
+            print(f"register: {ONNX} is {name} version {version} already (@{alias}); nothing added")
     summary = {"model_name": name, "version": version, "alias": alias, "test_psnr": test_psnr, "gate": gate}
     REGISTERED.parent.mkdir(parents=True, exist_ok=True)
     REGISTERED.write_text(json.dumps(summary, indent=2) + "\n")

@@ -91,7 +91,7 @@ def test_concurrent_loggers_lose_no_metric(tmp_path, store):
 @pytest.mark.timeout(400)
 def test_two_training_runs_start_together_on_a_fresh_sqlite_store(tmp_path, tiny_cache, write_params):
     """Both open a store that does not exist yet and log every epoch into it. (The two seldom reach MLflow's table
-    creation in the same second, so this is not what proves tracking.first_use_lock: the writers above, forked
+    creation in the same second, so this is not what proves tracking.store_lock: the writers above, forked
     together, break a fresh store without it — "duplicate column name: step" — and so do torchrun nodes.)"""
     uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"
     (tmp_path / "shared").mkdir()

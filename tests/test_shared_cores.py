@@ -2,8 +2,14 @@
 
 import dataclasses
 import fcntl
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from lightning.pytorch import Callback
 
@@ -43,3 +49,27 @@ def test_a_training_step_waits_while_another_run_holds_the_cores(tiny_cache, tin
     other.join()
     assert steps.times and steps.times[0] > released[0]  # no step ran while the neighbour held the cores
     assert len(steps.times) == len(data.train_dataloader())  # and every step ran once it let go
+
+
+def test_a_cgroup_cpu_quota_caps_the_cores_a_process_uses(tmp_path):
+    """A real cgroup (v1's cpu controller, or v2) limited to half a CPU: a process inside it may use one core."""
+    for folder, limit in (
+        (Path("/sys/fs/cgroup/cpu"), {"cpu.cfs_quota_us": "50000", "cpu.cfs_period_us": "100000"}),
+        (Path("/sys/fs/cgroup"), {"cpu.max": "50000 100000"}),
+    ):
+        group = folder / f"t2v-test-{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            for name, value in limit.items():
+                (group / name).write_text(value)
+            probe = "from thermal2visible.cores import cpu_quota, usable_cores; print(cpu_quota(), usable_cores())"
+            command = f'echo $$ > {group / "cgroup.procs"} && exec {sys.executable} -c "{probe}"'
+            answer = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+        finally:
+            group.rmdir()
+        assert answer.split() == ["0.5", "1"]
+        return
+    pytest.skip("no cgroup can be made here (needs root and a writable cpu controller)")

@@ -22,6 +22,7 @@ import pytest
 from mlflow import MlflowClient
 from thermal2visible.paths import CACHE
 from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env
+from thermal2visible.tracking.store import open_store
 from tiny_model import export_tiny, write_stage_record
 
 pytestmark = pytest.mark.slow
@@ -166,3 +167,36 @@ def test_register_through_a_tracking_server_on_postgresql(postgres, tmp_path, ti
         assert PASSWORD not in json.dumps([run.data.params, run.data.tags, run.info.artifact_uri])
     for version in client.search_model_versions("name='direct-thermal2visible'"):
         assert PASSWORD not in json.dumps([version.tags, version.source])
+
+
+def test_two_registrations_at_once_on_one_local_store_both_land_and_gate_in_turn(tmp_path, tiny_cache, write_params):
+    """Two register stages on one SQLite store at the same moment (a `dvc queue start -j 2` sweep): both versions
+    land, and the gates run one after the other, so @champion is the better one whichever came first (at once, both
+    gated against the same champion and raced for the alias: "UNIQUE constraint failed")."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    open_store(uri)  # the store's tables exist, as the train and evaluate stages leave them
+    stages = []
+    for seed, psnr in ((1, 21.5), (2, 23.5)):
+        project = tmp_path / f"project{seed}"
+        project.mkdir()
+        write_params(project)
+        (project / CACHE).parent.mkdir()
+        (project / CACHE).symlink_to(tiny_cache)
+        write_stage_record(project, export_tiny(project / "exported", tiny_cache, seed).parent, test_psnr=psnr)
+        command = [sys.executable, str(REPO / "pipelines" / "register.py")]
+        stages.append(
+            subprocess.Popen(
+                command,
+                cwd=project,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=quiet_env(MLFLOW_TRACKING_URI=uri),
+            )
+        )
+    for stage in stages:
+        out, err = stage.communicate(timeout=300)
+        assert stage.returncode == 0, err[-2000:]
+    client = MlflowClient(uri)
+    assert sorted(int(v.version) for v in client.search_model_versions(f"name = '{NAME}'")) == [1, 2]
+    assert client.get_model_version_by_alias(NAME, "champion").tags["test_psnr"] == repr(23.5)

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config import PreprocessConfig
+from thermal2visible.cores import usable_cores
 from thermal2visible.data.align import Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair
 from thermal2visible.data.preprocess import (
@@ -135,7 +136,7 @@ class RowFile:
 def worker_pool() -> Iterator:
     """A process per core this process may use: preprocessing a pair is pure numpy/scikit-image work, which one
     process does on one core. Forked, so the pairs' reader needs no import in the workers."""
-    with multiprocessing.get_context("fork").Pool(len(os.sched_getaffinity(0))) as pool:
+    with multiprocessing.get_context("fork").Pool(usable_cores()) as pool:
         yield pool
 
 

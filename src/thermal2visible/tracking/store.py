@@ -64,12 +64,15 @@ def tracking_uri() -> str:
 
 
 @contextmanager
-def first_use_lock(uri: str) -> Iterator[None]:
-    """Held while a process opens a local SQLite store, so only one at a time can be creating it.
+def store_lock(uri: str) -> Iterator[None]:
+    """Held while a process opens a local SQLite store, or registers a version in it: one process at a time.
 
     MLflow builds a new store's tables on first use, and processes doing that at once break each other
     ("duplicate column name: step", "table _alembic_tmp_metrics already exists"): torchrun nodes, or two runs
-    started together on a fresh mlflow.db. A tracking server or PostgreSQL needs no such lock.
+    started together on a fresh mlflow.db. Two registrations at once (a `dvc queue start -j 2` sweep) would gate
+    against the same champion and race for its alias (MLflow sets an alias by looking it up, then inserting it:
+    "UNIQUE constraint failed: registered_model_aliases"). A tracking server or PostgreSQL needs no lock to open,
+    and takes registrations as they come.
     """
     if not uri.startswith("sqlite:///"):
         yield
@@ -80,8 +83,8 @@ def first_use_lock(uri: str) -> Iterator[None]:
 
 
 def open_store(uri: str) -> MlflowClient:
-    """A client of `uri`; a new SQLite store gets its tables here, under `first_use_lock`."""
-    with first_use_lock(uri):
+    """A client of `uri`; a new SQLite store gets its tables here, under `store_lock`."""
+    with store_lock(uri):
         return MlflowClient(uri)
 
 

@@ -21,10 +21,24 @@ import fcntl  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import torch  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
-# Per user: a lock others could take would let them stall every training of this user.
-TURNS = Path(tempfile.gettempdir()) / f"thermal2visible-{os.getuid()}-cores.lock"
+from thermal2visible.cores import usable_cores  # noqa: E402
+
+# Per user, in the user's own runtime folder where there is one: a lock file another user owns could be held by
+# them to stall every training of this user, so one that is not this user's is not used.
+TURNS = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"thermal2visible-{os.getuid()}-cores.lock"
+
+
+def own_turns_file():
+    """TURNS opened for locking, or None (with a line saying why) when another user owns it."""
+    turns = TURNS.open("a")
+    if os.fstat(turns.fileno()).st_uid != os.getuid():
+        turns.close()
+        print(f"training: {TURNS} belongs to another user; this run does not take turns for the cores")
+        return None
+    return turns
 
 
 class TakeTurns(Callback):
@@ -33,15 +47,17 @@ class TakeTurns(Callback):
     Every Trainer of a process shares one open file of TURNS: a lock is held per open file, so a step that raised
     before giving its turn back can never block the next Trainer of the same process."""
 
-    files: dict[int, object] = {}  # process id -> its open TURNS (a forked child opens its own)
+    files: dict[int, object] = {}  # process id -> its open TURNS, or None (a forked child opens its own)
 
     def __init__(self):
         self.turns = None
 
     def setup(self, trainer, module, stage: str) -> None:
         if trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu":
+            # torch's pool defaults to the cores of the affinity; a cgroup quota may allow less time than that
+            torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
             if os.getpid() not in self.files:
-                self.files[os.getpid()] = TURNS.open("a")
+                self.files[os.getpid()] = own_turns_file()
             self.turns = self.files[os.getpid()]
 
     def take(self, *hook_arguments, **hook_keywords) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from datetime import timedelta
 from typing import Sequence
 
@@ -21,6 +20,7 @@ from thermal2visible.errors import ConfigError
 from thermal2visible.training.allocator import keep_freed_memory
 from thermal2visible.training.precision import precision_options, resolve_accelerator, resolve_precision
 from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
+from thermal2visible.cores import usable_cores
 from thermal2visible.training.shared_cores import TakeTurns
 
 
@@ -94,7 +94,7 @@ class GanDDPStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         if self.root_device.type == "cpu":
             # One process per core share: several processes with all-core thread pools just fight for the cores.
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // self.num_processes))
+            torch.set_num_threads(max(1, usable_cores() // self.num_processes))
         super().setup_environment()
 
     def configure_ddp(self) -> None:
@@ -126,12 +126,13 @@ def build_trainer(
         keep_freed_memory()
     if train.sync_batchnorm and accelerator == "cpu":
         raise ConfigError("train.sync_batchnorm: SyncBatchNorm needs GPUs (torch raises on CPU); set it to false")
+    precision = precision_options(resolve_precision(train.precision, accelerator), accelerator)
     options = dict(
         accelerator=accelerator,
         devices=train.devices,
         num_nodes=train.num_nodes,
         strategy=build_strategy(train, accelerator),
-        **precision_options(resolve_precision(train.precision, accelerator), accelerator),
+        precision=precision.get("precision"),
         sync_batchnorm=train.sync_batchnorm,
         deterministic=train.deterministic,
         min_epochs=train.min_epochs,
@@ -139,7 +140,7 @@ def build_trainer(
         max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
         callbacks=[*callbacks, RandomStreams(train.seed), TakeTurns()],
         logger=logger,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(), *precision.get("plugins", [])],  # 16-mixed: its plugin, not `precision`
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
         num_sanity_val_steps=0,
         enable_model_summary=False,
