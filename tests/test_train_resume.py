@@ -266,7 +266,7 @@ def run_only_changes() -> list[str]:
     decides whether a run continues at all; `accelerator` and `strategy` can only name what `auto` already picks on
     one CPU process."""
     shipped_params = load_params(REPO / "params.yaml")
-    other = {bool: lambda value: not value, int: lambda value: value + 1}
+    other = {bool: lambda value: not value, int: lambda value: value + 1, float: lambda value: value / 2}
     changes = []
     for section in ("loader", "model", "train"):
         for key, defines_weights in marked(section, "weights").items():
@@ -277,6 +277,8 @@ def run_only_changes() -> list[str]:
                 changes.append("train.accelerator=cpu")
             elif key == "strategy":
                 changes.append("train.strategy=auto")
+            elif key == "preload":  # auto preloads the tiny split: read it per batch instead
+                changes.append("loader.preload=false")
             else:
                 changes.append(f"{section}.{key}={json.dumps(other[type(value)](value))}")
     return changes

@@ -3,8 +3,8 @@ that run to its code (git commit, whether the sources differed), its data (an ML
 data hash) and its DVC experiment.
 
 Tracking goes to `MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the project folder (`project_root`), with
-artifacts in mlruns/ beside it. Every run is a Lightning `MLFlowLogger`; under DDP only rank 0 creates the run and
-logs to it.
+artifacts in ./mlruns (MLflow's default, fixed when the experiment is made). Every run is a Lightning
+`MLFlowLogger`; under DDP only rank 0 creates the run and logs to it.
 
 The data version is `data_hash`: the md5 of data/cache/manifest.json. The manifest names every source file by
 sha256 and the preprocess params, so it changes exactly when the cache's inputs change (unlike the dvc.lock hash
@@ -94,12 +94,8 @@ def ensure_experiment(client: MlflowClient, name: str) -> None:
     It is marked as model development, so MLflow's UI shows it as a training experiment, not a GenAI one.
     """
     if client.get_experiment_by_name(name) is None:
-        # a local store keeps its artifacts in mlruns/ beside it, wherever the process that creates the experiment
-        # runs (MLflow's default is the working directory's)
-        local = client.tracking_uri.startswith("sqlite:///")
-        artifacts = (Path(client.tracking_uri.removeprefix("sqlite:///")).parent / "mlruns").as_uri() if local else None
         try:
-            client.create_experiment(name, artifact_location=artifacts, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT})
+            client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT})
         except MlflowException as error:
             if error.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
