@@ -40,15 +40,12 @@ class StoredRows:
 
     def __init__(self, path: Path):
         self.path = path
-        with path.open("rb") as file:
-            version = np.lib.format.read_magic(file)
-            read_header = (
-                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            )
-            self.shape, fortran_order, self.dtype = read_header(file)
-            self.offset = file.tell()
-        if fortran_order:
+        # numpy's own reading of the header; the map itself is dropped before any page of it is touched
+        header = np.load(path, mmap_mode="r")
+        self.shape, self.dtype, self.offset = header.shape, header.dtype, header.offset
+        if not header.flags.c_contiguous:
             raise PipelineError(f"{path}: stored in Fortran order, not the cache's row order; re-run preprocess")
+        del header
         self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:]))
         self.nbytes = self.row_bytes * self.shape[0]
         self._file, self._pid = None, None
