@@ -26,7 +26,8 @@ import numpy as np
 from scipy.ndimage import binary_dilation
 
 from benchmarks.common import add_report_option, machine_text, result_stem, write_report
-from thermal2visible.config import load_params, preset_overrides, stored_section
+from thermal2visible.config.load import load_params, preset_overrides
+from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.preprocess import face_box, thermal_counts
 from thermal2visible.paths import CACHE, CAMERA, ONNX, PARAMS

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback
 
 from thermal2visible.cli import quiet_lightning
-from thermal2visible.config import PreprocessConfig, load_params, preset_overrides
+from thermal2visible.config.load import load_params, preset_overrides
+from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.datamodule import random_windows
 from thermal2visible.data.ingest import ingest

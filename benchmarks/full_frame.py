@@ -23,7 +23,8 @@ from skimage.transform import resize
 
 from benchmarks.common import add_report_option, machine_text, result_stem, write_report
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
-from thermal2visible.config import PreprocessConfig, stored_section
+from thermal2visible.config.schema import PreprocessConfig
+from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.paths import CACHE, ONNX
 from thermal2visible.data.preprocess import prepare_thermal

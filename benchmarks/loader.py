@@ -32,7 +32,7 @@ from benchmarks.common import (
 )
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.data.ingest import read_pair

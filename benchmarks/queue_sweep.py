@@ -20,7 +20,6 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,11 +33,11 @@ from mlflow import MlflowClient  # noqa: E402
 
 from benchmarks.common import PROJECT, add_report_option, machine_text, result_file, result_stem, write_report  # noqa: E402
 from benchmarks.rounds import measure_rounds  # noqa: E402
-from thermal2visible.config import apply_override, load_params, preset_overrides  # noqa: E402
+from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.dev.servers import quiet_env  # noqa: E402
 from thermal2visible.paths import GENERATOR  # noqa: E402
+from thermal2visible.studies.queue import DVC, dvc, queue, wait_for, wait_for_workers  # noqa: E402
 
-DVC = str(Path(sys.executable).with_name("dvc"))
 TINY = PROJECT / "params" / "tiny.yaml"
 
 
@@ -49,8 +48,9 @@ def run(command: list[str], project: Path) -> str:
     return result.stdout
 
 
-def tiny_project(folder: Path) -> Path:
-    """A fresh git + DVC repo of this project's pipeline with the tiny preset, its data stages already run."""
+def tiny_project(folder: Path, baseline: bool = True) -> Path:
+    """A fresh git + DVC repo of this project's pipeline with the tiny preset, committed; with `baseline` its pipeline
+    also run and committed, as `make demo` leaves a user's clone."""
     folder.mkdir(parents=True)
     for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", "pyproject.toml"):
         shutil.copy(PROJECT / name, folder / name)
@@ -63,61 +63,38 @@ def tiny_project(folder: Path) -> Path:
     commit = ["git", "-c", "user.name=benchmark", "-c", "user.email=benchmark@localhost", "commit", "-qm", "sweep"]
     for command in (["git", "init", "-q"], [DVC, "init", "-q"], ["git", "add", "-A"], commit):
         run(command, folder)
-    run([DVC, "repro"], folder)  # the baseline, as `make demo` leaves it: a sweep re-runs only what a batch changes
-    run(["git", "add", "-A"], folder)
-    run(commit[:-1] + ["baseline"], folder)
+    if baseline:  # a sweep re-runs only what a batch changes
+        run([DVC, "repro"], folder)
+        run(["git", "add", "-A"], folder)
+        run(commit[:-1] + ["baseline"], folder)
     return folder
-
-
-def queue_status(project: Path) -> list[dict]:
-    """`dvc queue status`'s table (it has no JSON form): one {"task", "name", "status"} per experiment."""
-    lines = run([DVC, "queue", "status"], project).splitlines()
-    rows = [line.split() for line in lines[1 : lines.index("")]] if "" in lines else []
-    return [{"task": row[0], "name": row[1], "status": row[-1]} for row in rows if len(row) >= 3]
 
 
 def sweep_seconds(project: Path, batches: list[int], jobs: int, checks: list) -> float:
     """Queue one experiment per batch size, run the queue with `jobs` workers; seconds until all are done. Each
     sweep trains with its own seed: DVC's run cache would otherwise restore a model an earlier sweep trained."""
     sweep = len(checks) + 1  # the baseline trained with seed 0
-    for batch in batches:
-        settings = ["-S", f"train.batch_size={batch}", "-S", f"train.seed={sweep}"]
-        run([DVC, "exp", "run", "--queue", "--name", f"batch-{batch}-sweep-{sweep}", *settings], project)
+    names = {batch: f"batch-{batch}-sweep-{sweep}" for batch in batches}
+    for batch, name in names.items():
+        queue(project, name, "all", [f"train.batch_size={batch}", f"train.seed={sweep}"])
     start = time.perf_counter()
-    run([DVC, "queue", "start", "-j", str(jobs)], project)
-    while any(entry["status"] in ("Queued", "Running") for entry in queue_status(project)):
-        time.sleep(1)
+    dvc(["queue", "start", "-j", str(jobs)], project)
+    shown = wait_for(project, list(names.values()))
     seconds = time.perf_counter() - start
-    # DVC's workers leave 10 s after their last task; one left over would run the next sweep's tasks beside its own
-    # (`dvc queue stop` leaves its shutdown message to the next worker instead, which then stops after one task)
-    while "Worker status: 0 active, 0 idle" not in run([DVC, "queue", "status"], project):
-        time.sleep(1)
-    checks.append({"jobs": jobs, "train_runs": linked(project, [f"batch-{b}-sweep-{sweep}" for b in batches])})
-    run([DVC, "exp", "remove", "--all-commits"], project)
-    run([DVC, "queue", "remove", "--all"], project)
+    wait_for_workers(project)
+    checks.append({"jobs": jobs, "train_runs": linked(project, shown)})
+    dvc(["exp", "remove", "--all-commits"], project)
+    dvc(["queue", "remove", "--all"], project)
     return seconds
 
 
-def linked(project: Path, names: list[str]) -> dict:
-    """Each experiment in `dvc exp show` with its metrics, and its own MLflow train run: tagged with its name and
-    with its generator's digest; fails naming what is missing. Returns {experiment: train run id}."""
-    failed = [entry["name"] for entry in queue_status(project) if entry["status"] != "Success"]
-    if failed:
-        logs = "".join(f"\n--- {name}:\n" + run([DVC, "queue", "logs", name], project)[-3000:] for name in failed)
-        raise SystemExit(f"these experiments did not succeed: {failed}{logs}")
-    shown = {
-        experiment["name"]: experiment["revs"][0]["data"]
-        for baseline in json.loads(run([DVC, "exp", "show", "--json"], project))
-        for experiment in baseline.get("experiments") or []
-    }
-    missing = sorted(set(names) - set(shown))
-    if missing:
-        raise SystemExit(f"not in dvc exp show: {missing}")
+def linked(project: Path, shown: dict[str, dict]) -> dict:
+    """Each experiment shown with its metrics, and its own MLflow train run: tagged with its name and with its
+    generator's digest; fails naming what is missing. Returns {experiment: train run id}."""
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name(load_params(project / "params.yaml").mlflow.experiment).experiment_id
     links = {}
-    for name in names:
-        data = shown[name]
+    for name, data in shown.items():
         md5 = data["deps"][str(GENERATOR)]["hash"]
         cached = project / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
         digest = hashlib.sha256(cached.read_bytes()).hexdigest()

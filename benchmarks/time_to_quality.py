@@ -10,7 +10,7 @@ same PSNR rule, params.yaml's early_stop (scaled down from the paper's 50/50) un
 another, and a cap on epochs: both stated in the report.
 The runs are interleaved (benchmarks/rounds.py): each round trains every setup with that round's seed, in rotated
 order; the time to the target counts from the run's start to the MLflow timestamp of the first epoch whose smoothed
-PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.dev.study's.
+PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.studies.scratch.
 
 Writes a new benchmarks/results/<date>-time_to_quality.json and .png (--report names them otherwise, --out puts
 them at a path of your choice).
@@ -44,9 +44,9 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 
-from thermal2visible.config import load_params, preset_overrides  # noqa: E402
+from thermal2visible.config.load import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PARAMS, PIX2PIX_DEFAULT  # noqa: E402
-from thermal2visible.dev.study import evaluate_child, prepare_cache, train_child  # noqa: E402
+from thermal2visible.studies.scratch import evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 
 PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yaml)"

@@ -66,10 +66,7 @@ from benchmarks.common import (
     write_report,
 )
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.config import (
-    ModelConfig,
-    PreprocessConfig,  # noqa: E402
-)
+from thermal2visible.config.schema import ModelConfig, PreprocessConfig
 from thermal2visible.data.cache import array_file, load_manifest  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402

@@ -22,7 +22,7 @@ import numpy as np
 from skimage.metrics import peak_signal_noise_ratio
 
 from benchmarks.common import add_report_option, machine_text, result_stem, write_report
-from thermal2visible.config import stored_section
+from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.paths import CACHE, ONNX
 from thermal2visible.inference.frames import translate_frame

@@ -27,7 +27,8 @@ import torch
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import Params, stored_section
+from thermal2visible.config.schema import Params
+from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import array_file, raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.inference.export import run_torch

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from thermal2visible.cli import run_stage
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.data.ingest import IngestError, ingest
 from thermal2visible.paths import INDEX, INGEST_ERRORS
 

@@ -9,7 +9,8 @@ from skimage.io import imsave
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import Params, stored_section
+from thermal2visible.config.schema import Params
+from thermal2visible.config.stored import stored_section
 from thermal2visible.data.align import overlay
 from thermal2visible.data.cache import applied_rig, build_cache
 from thermal2visible.data.ingest import read_pair

@@ -28,7 +28,7 @@ from mlflow.exceptions import MlflowException
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.inference.registered import load_registered

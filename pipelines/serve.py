@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from thermal2visible.cli import run_stage
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.inference.registry import CHAMPION, registered_model_name
 from thermal2visible.inference.rest import serve
 

@@ -1,7 +1,7 @@
-"""The paper's studies as one command each: every configuration a real `pipelines/train.py` run, all of them child
-runs of one MLflow parent run, summarised in a new reports/study/<date>-<study>.md (+ .png, .json; -2, -3, ... when
-the day's name is taken), so a study never writes over an earlier one; `--out DIR` writes DIR/<study>.md (+ .png,
-.json) instead, replacing what is there.
+"""The paper's studies as one command each, every configuration a real training run and all of them child runs of
+one MLflow parent run, summarised in a new reports/study/<date>-<study>.md (+ .png, .json; -2, -3, ... when the
+day's name is taken), so a study never writes over an earlier one; `--out DIR` writes DIR/<study>.md (+ .png, .json)
+instead, replacing what is there.
 
   --study batch  Table 1: stop epoch and best smoothed PSNR per batch size (constant learning rate)
   --study lr     Fig. 7: learning-rate scaling none / sqrt(k) / k at batch 4 (k = batch / train.base_batch_size)
@@ -12,15 +12,16 @@ the day's name is taken), so a study never writes over an earlier one; `--out DI
                  (train.max_minutes) per seed and scored by the evaluate stage: test PSNR, SSIM, identity, images/s,
                  and a grid of the same test faces from each configuration
 
-Each child runs in its own scratch project (its own checkpoints/, models/, metrics/) on one cache made from
-./data/ingested by pipelines/preprocess.py with the same overrides, and logs to this project's MLflow store
-(MLFLOW_TRACKING_URI, else ./mlflow.db); afterwards it is tagged as a child of the study's parent run. Plain
-subprocesses rather than `dvc exp run --queue`: each child is an independent training run that needs no git
-commit and never rewrites params.yaml, so a study runs in a working tree that others are editing.
+The batch and lr studies are sweeps of params.yaml: each configuration is a DVC experiment of the train stage
+(`dvc exp run train --queue -S ...`), run by `dvc queue start -j JOBS` in DVC's own copy of the project and listed
+in `dvc exp show`; the study reads each one's metrics/train.json and its MLflow train run. They need a git clone of
+the project. The speed and quality studies time their runs, so they run one at a time in scratch projects on one
+cache made from ./data/ingested by pipelines/preprocess.py (--params FILE as the base there), outside DVC.
 
-`--preset` and `--set` overrides apply to every child, e.g. the paper's GPU setup: --preset params/paper_gpu.yaml
---values 1 2 4 8 16 32 64 128 256. `--quick` (params/quick_study.yaml) shrinks everything to a few CPU minutes.
-Usage: python pipelines/study.py --study {batch,lr,speed,quality} [--quick] [--values ...] [--seeds ...]
+`--preset` and `--set` overrides apply to every configuration, e.g. the paper's GPU setup: --preset
+params/paper_gpu.yaml --values 1 2 4 8 16 32 64 128 256. `--quick` (params/quick_study.yaml) shrinks everything to a
+few CPU minutes.
+Usage: python pipelines/study.py --study {batch,lr,speed,quality} [--quick] [--values ...] [--jobs N] [--seeds ...]
        [--minutes M] [--preset FILE] [--set k=v ...] [--out DIR]
 """
 
@@ -41,19 +42,24 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import torch  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
 
 from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
-from thermal2visible.config import LoaderConfig, load_params, preset_overrides  # noqa: E402
+from thermal2visible.config.load import load_params, preset_overrides  # noqa: E402
+from thermal2visible.config.schema import LoaderConfig  # noqa: E402
 from thermal2visible.models.payloads import load_generator  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule, model_batch  # noqa: E402
 from thermal2visible.models.generator import as_tested  # noqa: E402
 from thermal2visible.dev.results import new_dated_stem  # noqa: E402
-from thermal2visible.paths import GENERATOR, PARAMS, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS  # noqa: E402
-from thermal2visible.dev.study import child_project, evaluate_child, prepare_cache, train_child  # noqa: E402
+from thermal2visible.paths import GENERATOR, PARAMS, PIX2PIX_DEFAULT, QUICK_STUDY, STUDY_REPORTS, TRAIN_METRICS  # noqa: E402
+from thermal2visible.studies.queue import queue, require_repository, run_queue  # noqa: E402
+from thermal2visible.studies.runs import trained_run  # noqa: E402
+from thermal2visible.studies.scratch import child_project, evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.figures import image_rows  # noqa: E402
 from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision  # noqa: E402
 
+QUEUED_STUDIES = ("batch", "lr")  # sweeps of params.yaml; the others time their runs one at a time
 DEFAULT_VALUES = {"batch": ([1, 2, 4, 8, 16, 32, 64], [2, 8, 32]), "lr": ([4], [4]), "speed": ([2, 8, 32], [16])}
 LR_RULES = ("none", "sqrt", "linear")
 SPEED_CONFIGS = {
@@ -85,12 +91,17 @@ def markdown(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]) + "\n"
 
 
+def experiments_line(children: list[dict]) -> str:
+    names = [child["dvc_experiment"] for child in children if child["dvc_experiment"]]
+    return f"DVC experiments (`dvc exp show`, `dvc exp apply NAME`): {', '.join(names)}.\n\n" if names else ""
+
+
 def dB(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def batch_study(run, values: list[int]) -> tuple[str, plt.Figure]:
-    children = [run(f"batch {b}", [f"train.batch_size={b}"]) for b in values]
+def batch_study(run_all, values: list[int]) -> tuple[str, plt.Figure]:
+    children = run_all({f"batch {b}": [f"train.batch_size={b}"] for b in values})
     table = markdown(
         [
             "batch",
@@ -127,9 +138,9 @@ def batch_study(run, values: list[int]) -> tuple[str, plt.Figure]:
     return table, {"batch": figure}
 
 
-def lr_study(run, values: list[int]) -> tuple[str, plt.Figure]:
+def lr_study(run_all, values: list[int]) -> tuple[str, plt.Figure]:
     batch = values[0]
-    children = [run(f"lr {rule}", [f"train.batch_size={batch}", f"train.lr_scaling={rule}"]) for rule in LR_RULES]
+    children = run_all({f"lr {rule}": [f"train.batch_size={batch}", f"train.lr_scaling={rule}"] for rule in LR_RULES})
     table = markdown(
         ["lr scaling", "batch", "stop epoch", "best epoch", "best smoothed PSNR (dB)", "time to best (s)"],
         [
@@ -317,6 +328,7 @@ def main() -> None:
     parser.add_argument("--study", choices=["batch", "lr", "speed", "quality"], required=True)
     parser.add_argument("--quick", action="store_true", help="small images and short runs: a few CPU minutes")
     parser.add_argument("--values", type=int, nargs="+", help="batch sizes (lr: the one batch size)")
+    parser.add_argument("--jobs", type=int, default=1, help="batch and lr studies: dvc queue start -j JOBS")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="speed study: train.devices values")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="quality study: train.seed values")
     parser.add_argument("--minutes", type=float, default=2.0, help="quality study: training budget of every run")
@@ -337,6 +349,11 @@ def main() -> None:
     ]
     values = args.values or DEFAULT_VALUES[args.study][args.quick] if args.study != "quality" else args.seeds
     params = load_params(args.params, overrides)  # a bad override fails here, before any child starts
+    queued = args.study in QUEUED_STUDIES
+    if queued:
+        if args.params.resolve() != PARAMS.resolve():
+            raise ConfigError(f"--params {args.params}: the {args.study} study queues experiments of {PARAMS}")
+        require_repository(Path.cwd())
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(params.mlflow.experiment)
     with (
@@ -344,17 +361,17 @@ def main() -> None:
         mlflow.start_run(run_name=f"study-{args.study}") as parent,
     ):
         mlflow.log_params({"study": args.study, "values": values, "quick": args.quick, "overrides": overrides})
-        cache = prepare_cache(Path(work), args.params, overrides)
+        cache = None if queued else prepare_cache(Path(work), args.params, overrides)
         client = MlflowClient()
         children = []
 
-        def run(name: str, changes: list[str]) -> dict:
-            print(f"study {args.study}: {name} ...", flush=True)
-            child = train_child(Path(work), name, cache, args.params, [*overrides, *changes])
-            if args.study == "quality":
-                child["eval"] = evaluate_child(Path(work), name, args.params, [*overrides, *changes])
-            client.set_tag(child["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
-            client.set_tag(child["mlflow_run_id"], "mlflow.runName", f"{args.study}: {name}")
+        def adopt(child: dict) -> dict:
+            """A finished configuration: a child of the study's parent run (unless an earlier study's already, when
+            DVC's run cache gave this one that study's model), its figures logged on the parent."""
+            name = child["name"]
+            if MLFLOW_PARENT_RUN_ID not in client.get_run(child["mlflow_run_id"]).data.tags:
+                client.set_tag(child["mlflow_run_id"], MLFLOW_PARENT_RUN_ID, parent.info.run_id)
+                client.set_tag(child["mlflow_run_id"], "study_point", f"{args.study}: {name}")
             metric = name.replace(" ", "_")
             mlflow.log_metrics(
                 {f"{metric}.images_per_s": child["images_per_s"]}
@@ -365,7 +382,7 @@ def main() -> None:
                 )
             )
             print(
-                f"  best smoothed PSNR {dB(child['best_psnr_smoothed'])} dB at epoch {child['best_epoch']}, "
+                f"  {name}: best smoothed PSNR {dB(child['best_psnr_smoothed'])} dB at epoch {child['best_epoch']}, "
                 f"stopped at {child['stopped_epoch']}, {child['images_per_s']} images/s, {child['wall_s']} s"
                 + (f"; test PSNR {dB(child['eval']['generator']['psnr'])} dB" if "eval" in child else ""),
                 flush=True,
@@ -373,10 +390,37 @@ def main() -> None:
             children.append(child)
             return child
 
+        def run(name: str, changes: list[str]) -> dict:
+            print(f"study {args.study}: {name} ...", flush=True)
+            child = train_child(Path(work), name, cache, args.params, [*overrides, *changes])
+            if args.study == "quality":
+                child["eval"] = evaluate_child(Path(work), name, args.params, [*overrides, *changes])
+            return adopt(child)
+
+        def run_queued(points: dict[str, list[str]]) -> list[dict]:
+            settings = {name: [*overrides, *changes] for name, changes in points.items()}
+            for name in points:  # every point checked before any is queued
+                load_params(PARAMS, settings[name])
+            experiments = {name: f"{args.study}-{name.split()[-1]}-{parent.info.run_id[:8]}" for name in points}
+            for name, experiment in experiments.items():
+                queue(Path.cwd(), experiment, "train", settings[name])
+            print(
+                f"study {args.study}: {len(points)} experiments queued, dvc queue start -j {args.jobs} ...", flush=True
+            )
+            shown = run_queue(Path.cwd(), list(experiments.values()), args.jobs)
+            return [
+                adopt(
+                    trained_run(
+                        shown[experiment]["metrics"][str(TRAIN_METRICS)]["data"], name, settings[name], experiment
+                    )
+                )
+                for name, experiment in experiments.items()
+            ]
+
         if args.study == "batch":
-            table, figures = batch_study(run, values)
+            table, figures = batch_study(run_queued, values)
         elif args.study == "lr":
-            table, figures = lr_study(run, values)
+            table, figures = lr_study(run_queued, values)
         elif args.study == "speed":
             table, figures = speed_study(run, values, args.workers)
         else:
@@ -386,7 +430,7 @@ def main() -> None:
         report = Path(f"{stem}.md")
         report.write_text(
             f"# Study: {args.study}\n\nOverrides: `{' '.join(overrides) or 'none'}`; MLflow parent run "
-            f"`{parent.info.run_id}`.\n\n{table}"
+            f"`{parent.info.run_id}`.\n\n{experiments_line(children)}{table}"
         )
         # a figure named after the study takes the report's name; quality_grid: <stem>_grid.png
         pictures = [Path(f"{stem}{name.removeprefix(args.study)}.png") for name in figures]

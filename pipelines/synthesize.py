@@ -3,7 +3,7 @@
 import shutil
 
 from thermal2visible.cli import run_stage
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.paths import RAW
 

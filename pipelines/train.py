@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.payloads import load_recognizer
 from thermal2visible.tracking.exactly_once import CheckpointedMLFlowLogger, MetricsInCheckpoint

@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torchmetrics.classification import MulticlassAccuracy
 
 from thermal2visible.cli import run_stage
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.data.cache import array_file
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.payloads import save_recognizer

@@ -31,7 +31,7 @@ from mlflow.exceptions import MlflowException
 from tqdm import tqdm
 
 from thermal2visible.errors import ConfigError, PipelineError
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
 from thermal2visible.inference.registered import load_registered, model_of_files
 from thermal2visible.inference.serving import IMAGE, ThermalToVisible, to_base64

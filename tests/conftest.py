@@ -18,7 +18,8 @@ os.environ["DVC_NO_ANALYTICS"] = "1"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
-from thermal2visible.config import Params, apply_override, load_params, preset_overrides  # noqa: E402
+from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
+from thermal2visible.config.schema import Params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = preset_overrides(REPO / "params" / "tiny.yaml")

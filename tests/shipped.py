@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.errors import ConfigError
 from thermal2visible.paths import PARAMS
 

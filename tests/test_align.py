@@ -8,7 +8,7 @@ import pytest
 from skimage.io import imread, imsave
 from skimage.transform import AffineTransform
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.data.align import IDENTITY, Rig, register
 from thermal2visible.data.cache import build_cache, load_split
 from thermal2visible.data.ingest import ingest

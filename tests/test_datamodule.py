@@ -169,7 +169,7 @@ DDP_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import torch
     from lightning.pytorch import LightningModule, Trainer
-    from thermal2visible.config import load_params
+    from thermal2visible.config.load import load_params
     from thermal2visible.data.datamodule import CachedPairs, PairedDataModule, model_batch, stored_split
 
     class Recorder(LightningModule):

@@ -13,7 +13,7 @@ import torch
 from skimage.metrics import peak_signal_noise_ratio
 from skimage.transform import resize
 
-from thermal2visible.config import stored_section
+from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.data.preprocess import crop_box, normalise_frame, prepare_thermal
 from thermal2visible.inference.export import run_torch

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.data.ingest import ingest

@@ -12,7 +12,7 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.paths import CACHE, MANIFEST, PAPER_GPU
 
 pytestmark = pytest.mark.slow

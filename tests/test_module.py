@@ -15,7 +15,8 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from thermal2visible.errors import ConfigError
-from thermal2visible.config import SECTIONS, TrainConfig, added_later, marked, weight_defining
+from thermal2visible.config.schema import SECTIONS, TrainConfig
+from thermal2visible.config.stored import added_later, marked, weight_defining
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
@@ -182,7 +183,7 @@ def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch):
 def test_a_run_says_its_precision_notice_once(monkeypatch):
     """A run resolves its precision for its fingerprint, its tags and its trainer: the notice comes once, not thrice."""
     monkeypatch.setattr(precision_module, "NOTICES", WarningCache())
-    params = dataclasses.replace(SHIPPED, train=tiny_train(precision="16-mixed"))
+    params = dataclasses.replace(SHIPPED, train=tiny_train(precision="16-mixed", max_epochs=SHIPPED.early_stop.window))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         run_fingerprint(params, "data")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import _write_params, run_script
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import ConfigError

@@ -22,7 +22,7 @@ from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server
 from tiny_model import export_tiny, write_stage_record
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.images import decode_image
 from thermal2visible.data.ingest import ingest

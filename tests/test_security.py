@@ -22,7 +22,7 @@ from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
 from shipped import shipped
 from tiny_model import export_tiny
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.data.images import decode_image
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.paths import PARAMS

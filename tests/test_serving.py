@@ -29,10 +29,10 @@ from tiny_model import export_tiny
 from thermal2visible.data.images import read_image
 from thermal2visible.paths import MANIFEST
 from thermal2visible.inference.registry import register
+from thermal2visible.imports import PACKAGE
 from thermal2visible.inference.serving import (
     IMAGE,
-    PACKAGE,
-    PACKED,
+    packed_files,
     ServedLimits,
     png_bytes,
     pyfunc_arguments,
@@ -276,18 +276,18 @@ def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=MODEL_URI, dst_path=str(tmp_path)))
     code = local / "code" / PACKAGE.name
     packed = sorted(str(path.relative_to(code)) for path in code.rglob("*") if path.is_file())
-    assert packed == sorted(PACKED)
+    assert packed == packed_files()
     assert {
         "inference/serving.py",
         "inference/frames.py",
         "inference/session.py",
         "data/preprocess.py",
-        "config.py",
+        "config/schema.py",
     } <= set(packed)
     assert not [
         name
         for name in packed
-        if name.split("/")[0] in ("training", "tracking", "dev")
+        if name.split("/")[0] in ("training", "tracking", "studies", "dev")
         or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "experiment.py", "cli.py")
     ]
     done = subprocess.run(

@@ -1,6 +1,8 @@
-"""pipelines/study.py end to end on tiny data: real child training runs, one MLflow parent, a markdown table."""
+"""pipelines/study.py end to end on tiny data: real DVC experiments through DVC's queue and real training runs in
+scratch projects, one MLflow parent, a markdown table."""
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -8,6 +10,11 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+
+from benchmarks.queue_sweep import tiny_project
+from thermal2visible.dev.servers import quiet_env
+from thermal2visible.paths import TRAIN_METRICS
+from thermal2visible.studies.queue import shown_experiments
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -21,53 +28,56 @@ TINY_STUDY = (
 )
 
 
-@pytest.mark.timeout(180)
-def test_quick_batch_study_logs_children_under_one_parent_and_writes_the_table(
-    tmp_path, write_params, run_stage_script
-):
-    write_params(tmp_path)
-    for folder in ("pipelines", "params"):  # the study runs from a project folder
-        (tmp_path / folder).symlink_to(REPO / folder)
-    for stage in ("synthesize.py", "ingest.py"):
-        assert run_stage_script(stage, tmp_path).returncode == 0
+@pytest.mark.timeout(420)
+def test_batch_study_runs_its_points_through_dvcs_queue_and_tables_each_experiments_own_run(tmp_path):
+    project = tiny_project(tmp_path / "project", baseline=False)
+    params_before = (project / "params.yaml").read_bytes()
     overrides = [arg for override in TINY_STUDY for arg in ("--set", override)]
+    study = [sys.executable, str(REPO / "pipelines" / "study.py"), "--study", "batch", "--quick", "--values", "2", "4"]
     result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "pipelines" / "study.py"),
-            "--study",
-            "batch",
-            "--quick",
-            "--values",
-            "2",
-            "4",
-            *overrides,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=170,
+        [*study, "--jobs", "2", *overrides], cwd=project, capture_output=True, text=True, timeout=400, env=quiet_env()
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
-    (report,) = (tmp_path / "reports" / "study").glob("*-batch.md")  # a new dated report
+    (report,) = (project / "reports" / "study").glob("*-batch.md")  # a new dated report
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-batch\.md", report.name)
-    rows = [
-        line.split("|")[1:-1]
-        for line in report.read_text().splitlines()
-        if line.startswith("| ") and not line.startswith("| batch")
-    ]
-    assert [row[0].strip() for row in rows] == ["2", "4"]
-    assert all(float(row[3]) > 0 for row in rows)  # best smoothed PSNR in dB
-    assert report.with_suffix(".png").stat().st_size > 10_000
+    rows = {
+        row[0].strip(): row
+        for row in (line.split("|")[1:-1] for line in report.read_text().splitlines() if line.startswith("| "))
+    }
+    children = json.loads(report.with_suffix(".json").read_text())
+    shown = shown_experiments(project, [child["dvc_experiment"] for child in children])
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name("thermal2visible").experiment_id], "attributes.run_name = 'study-batch'"
+    )
+    for batch, child in zip(("2", "4"), children):
+        committed = shown[child["dvc_experiment"]]
+        assert committed["params"]["params.yaml"]["data"]["train"]["batch_size"] == int(batch)
+        trained = committed["metrics"][str(TRAIN_METRICS)]["data"]
+        assert rows[batch][1].strip() == str(trained["stopped_epoch"])
+        assert rows[batch][3].strip() == f"{trained['best_psnr_smoothed']:.2f}"
+        run = client.get_run(child["mlflow_run_id"])  # the experiment's own train run, nested under the study
+        assert run.data.tags["fingerprint"] == trained["fingerprint"]
+        assert run.data.tags["dvc_experiment"] == child["dvc_experiment"]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.params["train.batch_size"] == batch and run.data.params["preprocess.image_size"] == "16"
+    assert (project / "params.yaml").read_bytes() == params_before  # the experiments ran in DVC's copies
+    assert not (project / "models" / "generator.pt").exists()
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
-    parents = [run for run in runs if run.info.run_name == "study-batch"]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert sorted(run.data.params["train.batch_size"] for run in children) == ["2", "4"]
-    assert all(run.data.params["preprocess.image_size"] == "16" for run in children)
+
+def test_batch_study_outside_a_dvc_project_says_so_and_starts_nothing(tmp_path, write_params):
+    write_params(tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "pipelines" / "study.py"), "--study", "batch"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "DVC's queue runs experiments from a git commit" in result.stderr
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 @pytest.mark.timeout(400)
@@ -125,7 +135,7 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
     (parent,) = [run for run in runs if run.info.run_name == "study-quality"]
     children = {
-        run.data.tags["mlflow.runName"]: run.data.params
+        run.data.tags["study_point"]: run.data.params
         for run in runs
         if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id
     }

@@ -26,7 +26,7 @@ from conftest import make_project
 from mlflow import MlflowClient
 from PIL import Image
 
-from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.dev.servers import free_port, mlflow_server, quiet_env, running
 from thermal2visible.inference.registry import CHAMPION, registered_model_name
 from thermal2visible.models.payloads import load_generator

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_script
 from tiny_model import save_tiny_generator
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.ingest import ingest
 from thermal2visible.models.payloads import load_generator

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from thermal2visible.config import load_params, marked
+from thermal2visible.config.load import load_params
+
+from thermal2visible.config.stored import marked
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from thermal2visible.config import load_params
+from thermal2visible.config.load import load_params
 from thermal2visible.inference.registry import registered_model_name
 from thermal2visible.paths import CACHE
 from thermal2visible.tracking.store import data_hash

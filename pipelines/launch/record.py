@@ -19,7 +19,8 @@ import sys
 from ruamel.yaml import YAML
 
 from thermal2visible.cli import run_stage
-from thermal2visible.config import Params, load_params
+from thermal2visible.config.load import load_params
+from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import CACHE, GENERATOR, PARAMS, RECOGNIZER

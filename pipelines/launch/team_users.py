@@ -21,7 +21,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from thermal2visible.cli import run_stage
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.errors import ConfigError
 from thermal2visible.inference.registry import ensure_registered_model, registered_model_name
 from thermal2visible.tracking.store import ensure_experiment, tracking_uri

@@ -11,7 +11,7 @@ import warnings
 from typing import Callable
 
 from thermal2visible.paths import PARAMS
-from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.errors import ConfigError, PipelineError
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from thermal2visible.cli import add_overrides
-from thermal2visible.config import load_params, preset_overrides
+from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.errors import ConfigError
 from thermal2visible.training.precision import resolve_accelerator
 

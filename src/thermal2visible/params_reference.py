@@ -15,7 +15,9 @@ import types
 import typing
 from pathlib import Path
 
-from thermal2visible.config import SECTIONS, marked
+from thermal2visible.config.schema import SECTIONS
+
+from thermal2visible.config.stored import marked
 from thermal2visible.paths import PARAMS
 
 REFERENCE = Path("docs/params.md")

@@ -25,7 +25,7 @@ from skimage.filters import sobel
 from skimage.registration import phase_cross_correlation
 from skimage.transform import AffineTransform, resize, warp
 
-from thermal2visible.config import PreprocessConfig
+from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.data.preprocess import normalise_frame
 from thermal2visible.errors import PipelineError
 from thermal2visible.pixels import quantise, unit

@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import PreprocessConfig
+from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.cores import usable_cores
 from thermal2visible.data.align import Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair

@@ -24,7 +24,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from thermal2visible.config import LoaderConfig
+from thermal2visible.config.schema import LoaderConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.pixels import stored_to_model_, uint16_from_int16_bits
 from thermal2visible.data.cache import JITTER, array_file, load_manifest

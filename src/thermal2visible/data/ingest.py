@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import IngestConfig
+from thermal2visible.config.schema import IngestConfig
 from thermal2visible.data.images import IMAGE_SUFFIXES, BadImage, decode_image, read_bytes
 
 SPLITS = ("train", "val", "test")  # the cache's splits, and the folders of the side_by_side layout

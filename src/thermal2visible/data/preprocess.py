@@ -17,7 +17,7 @@ from skimage.measure import label, regionprops
 from skimage.transform import resize
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.config import PreprocessConfig
+from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.pixels import on_uint16_scale, unit
 
 Box = tuple[int, int, int]  # top, left, side of a square

@@ -24,7 +24,7 @@ from skimage.io import imsave
 from skimage.transform import downscale_local_mean
 from tqdm import tqdm
 
-from thermal2visible.config import SynthesizeConfig
+from thermal2visible.config.schema import SynthesizeConfig
 
 SUPERSAMPLE = 2  # render at twice the size and average down: smooth edges without blurring features
 HAIR_COLOURS = (

@@ -112,7 +112,7 @@ def screenshot_latest_training(store_uri: str, out_dir: Path, model_name: str, b
 
 
 def main() -> None:
-    from thermal2visible.config import load_params
+    from thermal2visible.config.load import load_params
 
     uri = tracking_uri()
     with tempfile.TemporaryDirectory() as logs, mlflow_ui(uri, Path(logs)) as base:

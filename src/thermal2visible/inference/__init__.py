@@ -2,5 +2,5 @@
 (frames.py), video (video.py), the served model (serving.py) and its registration (registry.py).
 
 Imports nothing from training, tracking or dev: the served model packs serving.py and what it imports, and no more
-(serving.PACKED).
+(serving.packed_files).
 """

@@ -25,7 +25,7 @@ from typing import Callable, Literal
 import numpy as np
 from skimage.transform import resize
 
-from thermal2visible.config import PreprocessConfig
+from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.data.preprocess import normalise_frame, training_view
 from thermal2visible.pixels import from_model, nhwc, to_model
 

@@ -27,7 +27,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.models import convert_input_example_to_serving_input, validate_serving_input
 
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.serving import ServedLimits, pyfunc_arguments
 from thermal2visible.paths import RAW

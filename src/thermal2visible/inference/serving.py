@@ -48,8 +48,9 @@ import tifffile
 from PIL import Image
 
 from thermal2visible.data.images import BadImage, decode_image, image_size
-from thermal2visible.config import PreprocessConfig, ServeConfig
+from thermal2visible.config.schema import PreprocessConfig, ServeConfig
 from thermal2visible.errors import PipelineError
+from thermal2visible.imports import PACKAGE, import_closure
 from thermal2visible.inference.frames import model_size, translate_frame
 from thermal2visible.inference.session import ExportedSettings, exported_settings, onnx_session, run_onnx
 from thermal2visible.pixels import quantise
@@ -59,26 +60,10 @@ IMAGE = "image"
 TRAINING_MANIFEST = "training_manifest"  # the pyfunc artifact holding the cache manifest a version trained on
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
 EXAMPLE_SIDE = 32
-# What the pyfunc imports when it runs (its own code travels with the model as code_paths: PACKED).
+# What the pyfunc imports when it runs (its own code travels with the model as code_paths: packed_files).
 REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML", "pydantic")
-# The package files the served model runs: this module and what it imports, transitively, and nothing else (no
-# training, tracking or dev code; tests/test_inference_package.py checks the list against the imports).
-PACKAGE = Path(__file__).resolve().parents[1]
 SERVED_MODEL = Path(__file__).with_name("served_model.py")
-PACKED = (
-    "config.py",
-    "errors.py",
-    "paths.py",
-    "pixels.py",
-    "private_apis.py",
-    "data/__init__.py",
-    "data/images.py",
-    "data/preprocess.py",
-    "inference/__init__.py",
-    "inference/frames.py",
-    "inference/serving.py",
-    "inference/session.py",
-)
+
 
 log = logging.getLogger(__name__)
 
@@ -336,12 +321,18 @@ def example_request(kind: ThermalKind) -> pd.DataFrame:
     return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(kind)))]})
 
 
+def packed_files() -> list[str]:
+    """The files `packed_code` packs, relative to the package."""
+    return sorted(str(path.relative_to(PACKAGE)) for path in import_closure(Path(__file__)))
+
+
 @contextmanager
 def packed_code() -> Iterator[Path]:
-    """The `PACKED` files, copied into a temporary `thermal2visible` folder laid out as the package is."""
+    """The package files the served model runs (this module and what it imports, transitively: no training,
+    tracking or dev code), copied into a temporary `thermal2visible` folder laid out as the package is."""
     with tempfile.TemporaryDirectory() as staging:
         code = Path(staging) / PACKAGE.name
-        for name in PACKED:
+        for name in packed_files():
             (code / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(PACKAGE / name, code / name)
         yield code
@@ -354,10 +345,10 @@ def pyfunc_arguments(
     """What `mlflow.pyfunc.log_model` and `save_model` both need to package the .onnx as this pyfunc, valid while
     the context lasts: `with pyfunc_arguments(...) as arguments: mlflow.pyfunc.save_model(path, **arguments)`.
 
-    The code the model runs goes along as `code_paths` (`PACKED`, as `thermal2visible/...`), so a registered version
-    keeps the preprocessing it was trained with even after the code here moves on, and serves where the project is
-    not installed. A registered version also carries the cache manifest it was trained on (`training_manifest`):
-    which frames it learnt from.
+    The code the model runs goes along as `code_paths` (`packed_files`, as `thermal2visible/...`), so a registered
+    version keeps the preprocessing it was trained with even after the code here moves on, and serves where the
+    project is not installed. A registered version also carries the cache manifest it was trained on
+    (`training_manifest`): which frames it learnt from.
     """
     kind = thermal_kind(exported_settings(onnx_session(onnx_path), str(onnx_path)), str(onnx_path))
     artifacts = {"onnx": str(onnx_path)} | ({TRAINING_MANIFEST: str(training_manifest)} if training_manifest else {})

@@ -17,7 +17,9 @@ import onnxruntime as ort
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
-from thermal2visible.config import PreprocessConfig, upgraded
+from thermal2visible.config.schema import PreprocessConfig
+
+from thermal2visible.config.stored import upgraded
 from thermal2visible.errors import PipelineError
 
 INPUT_NAME = "thermal"

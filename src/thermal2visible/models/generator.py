@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from thermal2visible.config import TrainConfig
+from thermal2visible.config.schema import TrainConfig
 from thermal2visible.models.small_convs import ACTIVE_SIDE, small_convs_as_matmul
 
 DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
@@ -86,7 +86,7 @@ def run_block(block: nn.Module, x: torch.Tensor, recompute: bool) -> torch.Tenso
     if recompute and block.training and torch.is_grad_enabled():
         # The RNG state is replayed, so dropout masks match, and the recomputation leaves batch-norm statistics as
         # the forward left them, so recompute changes memory and time only, never the trained weights
-        # (config.py marks model.recompute `run_only()`).
+        # (config/schema.py marks model.recompute `run_only()`).
         side = ACTIVE_SIDE.get()  # backward recomputes outside the training step's conv mode: the same convs again
         return checkpoint(
             block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), recomputed_as_run(block, side))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from thermal2visible.config import added_later
+from thermal2visible.config.stored import added_later
 from thermal2visible.models.generator import UNetGenerator
 from thermal2visible.models.resnet import ResnetGenerator
 

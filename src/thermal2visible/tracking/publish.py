@@ -14,7 +14,7 @@ import csv
 import json
 from pathlib import Path
 
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import (
     ALIGN_OVERLAY,

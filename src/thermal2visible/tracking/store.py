@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import warnings
@@ -32,7 +33,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
 
-from thermal2visible.config import Params
+from thermal2visible.config.schema import Params
 from thermal2visible.errors import ConfigError
 from thermal2visible.paths import CACHE, MANIFEST, SOURCES
 
@@ -91,11 +92,15 @@ def open_store(uri: str) -> MlflowClient:
 def ensure_experiment(client: MlflowClient, name: str) -> None:
     """Create experiment `name` unless it exists; another run creating it at the same moment is no error.
 
-    It is marked as model development, so MLflow's UI shows it as a training experiment, not a GenAI one.
+    It is marked as model development, so MLflow's UI shows it as a training experiment, not a GenAI one. MLflow puts
+    a new experiment's artifacts in ./mlruns/<id> of the working directory; a stage of a queued DVC experiment runs
+    in a temporary copy of the project, so there they go to the project's mlruns/<name> instead.
     """
     if client.get_experiment_by_name(name) is None:
+        elsewhere = Path.cwd().resolve() != project_root().resolve()
+        location = (project_root() / "mlruns" / re.sub(r"[^\w.-]", "_", name)).resolve().as_uri() if elsewhere else None
         try:
-            client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT})
+            client.create_experiment(name, location, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT})
         except MlflowException as error:
             if error.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from thermal2visible.config import ModelConfig, TrainConfig
+from thermal2visible.config.schema import ModelConfig, TrainConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.discriminator import MultiScaleDiscriminator

@@ -12,7 +12,7 @@ The protocol:
      Lightning's checkpoints go through too: `AtomicCheckpointIO`): a kill mid-write leaves the previous file whole,
      and a stray `.tmp` is never read.
   2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights:
-     the keys config.py marks `weights()`) and its MLflow run id.
+     the keys config/schema.py marks `weights()`) and its MLflow run id.
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise the old
      run's files are parked in checkpoints/<its fingerprint>/ (never deleted) and this run continues its own parked
      files, or starts afresh. One training at a time holds the folder (`one_training_at_a_time`, an OS lock).
@@ -48,7 +48,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
-from thermal2visible.config import Params, added_later, weight_defining
+from thermal2visible.config.schema import Params
+
+from thermal2visible.config.stored import added_later, weight_defining
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.payloads import atomic_save
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
-from thermal2visible.config import Params, TrainConfig
+from thermal2visible.config.schema import Params, TrainConfig
 from thermal2visible.errors import ConfigError
 from thermal2visible.training.allocator import keep_freed_memory
 from thermal2visible.training.precision import precision_options, resolve_accelerator, resolve_precision

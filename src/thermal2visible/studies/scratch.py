@@ -1,23 +1,19 @@
-"""Study machinery shared by pipelines/study.py and benchmarks/time_to_quality.py: each configuration is a real
-`pipelines/train.py` run in its own scratch project, on one cache made by `pipelines/preprocess.py`, logging to the
-project's MLflow store. Run from the project folder."""
+"""Study configurations in scratch projects (pipelines/study.py's timed studies, benchmarks/time_to_quality.py): each
+a real `pipelines/train.py` run in its own scratch project, on one cache made by `pipelines/preprocess.py`, logging
+to the project's MLflow store. Run from the project folder."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from mlflow import MlflowClient
-
 from thermal2visible.errors import PipelineError
-from thermal2visible.paths import CACHE, EVAL_METRICS, INDEX, PIPELINES, PSNR_CSV, RECOGNIZER, TRAIN_METRICS
-from thermal2visible.tracking.store import tracking_uri, training_run_id
+from thermal2visible.paths import CACHE, EVAL_METRICS, INDEX, PIPELINES, RECOGNIZER, TRAIN_METRICS
+from thermal2visible.studies.runs import trained_run
+from thermal2visible.tracking.store import tracking_uri
 
 
 def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
@@ -76,30 +72,8 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     link_source(project)
     (project / RECOGNIZER).parent.mkdir()
     (project / RECOGNIZER).symlink_to((base_project(work) / RECOGNIZER).resolve())
-    started = time.perf_counter()
     run_script("train.py", project, params, overrides)
-    wall = time.perf_counter() - started
-    summary = json.loads((project / TRAIN_METRICS).read_text())
-    with (project / PSNR_CSV).open() as file:
-        rows = list(csv.DictReader(file))
-    client = MlflowClient(tracking_uri())
-    run_id = training_run_id(summary["fingerprint"])
-    started_ms = client.get_run(run_id).info.start_time
-    psnr_times = {m.step: m.timestamp for m in client.get_metric_history(run_id, "val_psnr")}
-    speeds = [m.value for m in sorted(client.get_metric_history(run_id, "images_per_s"), key=lambda m: m.step)]
-    best = summary["best_epoch"]
-    return summary | {
-        "name": name,
-        "overrides": overrides,
-        "mlflow_run_id": run_id,
-        "wall_s": round(wall, 1),
-        "time_to_best_s": round((psnr_times[best] - started_ms) / 1000, 1) if best in psnr_times else None,
-        "psnr_seconds": [round((psnr_times[epoch] - started_ms) / 1000, 1) for epoch in sorted(psnr_times)],
-        # The first epoch pays for warm-up (allocations, the DDP handshake): the median of the others.
-        "images_per_s": round(statistics.median(speeds[1:] or speeds), 2),
-        "psnr": [float(row["psnr"]) for row in rows],
-        "psnr_smoothed": [float(row["psnr_smoothed"]) if row["psnr_smoothed"] else None for row in rows],
-    }
+    return trained_run(json.loads((project / TRAIN_METRICS).read_text()), name, overrides)
 
 
 def evaluate_child(work: Path, name: str, params: Path, overrides: list[str]) -> dict:

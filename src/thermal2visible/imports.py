@@ -1,17 +1,17 @@
-"""The project files a pipeline script runs: itself and every `thermal2visible` module it imports, transitively
-(function-level imports too), read from the source with `ast` rather than by importing it."""
+"""The package files a script runs: itself and every `thermal2visible` module it imports, transitively (function-level
+imports too), read from the source with `ast` rather than by importing it. What a DVC stage depends on
+(thermal2visible.dev.stage_deps) and what a registered model packs (inference.serving) are derived from it."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PACKAGE = REPO / "src"
+PACKAGE = Path(__file__).resolve().parent
 
 
 def _module_file(name: str) -> Path | None:
-    base = PACKAGE.joinpath(*name.split("."))
+    base = PACKAGE.parent.joinpath(*name.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -26,11 +26,11 @@ def _imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from package import module` imports the module; `from module import name` the module alone
             names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in names if name.split(".")[0] == "thermal2visible"}
+    return {name for name in names if name.split(".")[0] == PACKAGE.name}
 
 
 def import_closure(script: Path) -> set[Path]:
-    """`script` and the package files it needs, as paths relative to the repo."""
+    """`script` and the package files it needs, as absolute paths."""
     seen, todo = set(), [script.resolve()]
     while todo:
         path = todo.pop()
@@ -43,4 +43,4 @@ def import_closure(script: Path) -> set[Path]:
                 found = _module_file(".".join(parts[:depth]))
                 if found:
                     todo.append(found)
-    return {path.relative_to(REPO) for path in seen}
+    return seen

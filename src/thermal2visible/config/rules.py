@@ -1,0 +1,52 @@
+"""The rules of params.yaml that span more than one key; each names the key to change and why."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from thermal2visible.config.schema import Params
+
+
+def check(params: Params) -> None:
+    """ValueError naming the key to change where two keys do not fit together (one key's range is its own, in
+    schema.py)."""
+    size, m = params.preprocess.image_size, params.model
+    if m.generator == "unet" and size & (size - 1):
+        raise ValueError(
+            f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1; "
+            "model.generator: resnet takes any multiple of 4)"
+        )
+    if m.generator == "resnet" and size % 4:
+        raise ValueError(
+            f"preprocess.image_size: {size} must be a multiple of 4 for model.generator: resnet "
+            "(it halves the image twice and doubles it back)"
+        )
+    if size >> (m.discriminator_scales - 1) < 16:
+        raise ValueError(
+            f"model.discriminator_scales: {m.discriminator_scales} scales of a {size} px image "
+            f"(preprocess.image_size) leave the coarsest at {size >> (m.discriminator_scales - 1)} px, "
+            "under the 16 px a PatchGAN needs"
+        )
+    t = params.train
+    if t.min_epochs > t.max_epochs:
+        raise ValueError(f"train.min_epochs: {t.min_epochs} exceeds train.max_epochs {t.max_epochs}")
+    world = t.devices * t.num_nodes
+    if t.batch_size % world:
+        raise ValueError(f"train.batch_size: {t.batch_size} is not divisible by devices x num_nodes = {world}")
+    if params.early_stop.window > t.max_epochs:
+        raise ValueError(
+            f"early_stop.window: {params.early_stop.window} epochs exceed train.max_epochs "
+            f"{t.max_epochs}, so no smoothed PSNR (and no best model) would ever exist"
+        )
+    if params.serve.max_model_pixels < size * size:
+        raise ValueError(
+            f"serve.max_model_pixels: {params.serve.max_model_pixels} is less than one "
+            f"{size}x{size} training square (preprocess.image_size): every frame would be refused"
+        )
+    z = params.synthesize
+    if z.scene == "portrait" and (z.aspect != 1 or z.sequence_length != 1):
+        raise ValueError(
+            "synthesize.scene: portrait frames are square single shots (aspect 1, sequence_length 1); "
+            "wide frames in sequences are synthesize.scene: camera"
+        )

@@ -1,0 +1,224 @@
+"""The schema of params.yaml: every section's keys with their types, ranges and marks, and no values. params.yaml
+(with a preset or `-S` overrides over it) holds every value, so a key missing there is an error, not a default."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+from thermal2visible.config import rules
+from thermal2visible.config.marks import run_only, weights
+
+# JSON's strict rules, as YAML values read: 3 is no bool, "3" no int, 3 a float, a list a tuple; an unknown key fails.
+SCHEMA = ConfigDict(strict=True, extra="forbid")
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class DataConfig:
+    source: str
+    layout: Literal["pairs", "side_by_side"]
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class SynthesizeConfig:
+    identities: int
+    images_per_identity: int
+    resolution: int
+    seed: int
+    scene: Literal["portrait", "camera"]
+    aspect: Annotated[float, Field(ge=1, allow_inf_nan=False)]  # width / height
+    parallax: tuple[float, float, float]  # visible camera's offset x, y (px) and scale
+    sequence_length: Annotated[int, Field(ge=1)]
+
+    @field_validator("parallax")
+    @classmethod
+    def _positive_scale(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        if not value[2] > 0:
+            raise ValueError(f"{list(value)}: the scale (third number) must be > 0")
+        return value
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class IngestConfig:
+    on_error: Literal["fail", "skip"]
+    max_pixels: int
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class PreprocessConfig:
+    """Checked by range wherever it is read: params.yaml, and the copy stored in a cache, a payload or an ONNX file."""
+
+    image_size: Annotated[int, Field(ge=16)] = weights()  # each generator adds its own rule (rules.py)
+    face_crop: bool = weights()
+    crop_margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = weights()
+    thermal_norm: Literal["percentile", "fixed", "temperature"] = weights()
+    percentiles: tuple[float, float] = weights()
+    fixed_range: tuple[float, float] = weights()
+    temperature_range: tuple[float, float] = weights()
+    split_by: Literal["random", "identity", "sequence"] = weights()
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = weights()
+    test_fraction: Annotated[float, Field(ge=0, lt=1)] = weights()
+    seed: int = weights()
+    jitter_scale: Annotated[float, Field(ge=1, allow_inf_nan=False)] = weights()  # resize up, then crop back
+    align: bool = weights()
+    align_max_residual: Annotated[float, Field(gt=0, allow_inf_nan=False)] = weights()  # pixels
+
+    @field_validator("percentiles")
+    @classmethod
+    def _ordered_percentiles(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not 0 <= value[0] < value[1] <= 100:
+            raise ValueError(f"{list(value)} must be increasing within [0, 100]")
+        return value
+
+    @field_validator("fixed_range", "temperature_range")
+    @classmethod
+    def _finite_increasing(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
+            raise ValueError(f"{list(value)} must be finite and increasing")
+        return value
+
+    @field_validator("test_fraction")
+    @classmethod
+    def _leaves_training_data(cls, value: float, info: ValidationInfo) -> float:
+        val_fraction = info.data.get("val_fraction", 0.0)  # absent when it failed its own check
+        if val_fraction + value >= 1:
+            raise ValueError(f"{value} + val_fraction {val_fraction} must be < 1 (the rest is the training split)")
+        return value
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class LoaderConfig:
+    num_workers: int = run_only()
+    pin_memory: bool = run_only()
+    preload: bool | Literal["auto"] = run_only()
+    preload_share: Annotated[float, Field(gt=0, le=1)] = run_only()
+    jitter: bool = weights()
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class ModelConfig:
+    generator: Literal["unet", "resnet"] = weights(before="unet")
+    ngf: int = weights()
+    ndf: int = weights()
+    discriminator_scales: Literal[1, 2, 3] = weights(before=1)
+    norm: Literal["batch", "instance", "none"] = weights()
+    dropout: Annotated[float, Field(ge=0, lt=1)] = weights()  # 1 would drop every activation
+    recompute: bool = run_only()
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class RecognizerConfig:
+    epochs: int
+    batch_size: int
+    lr: float
+    width: int
+    seed: int
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class TrainConfig:
+    batch_size: Annotated[int, Field(ge=1)] = weights()
+    base_batch_size: Annotated[int, Field(ge=1)] = weights()
+    lr_scaling: Literal["none", "sqrt", "linear"] = weights()
+    lr_g: float = weights()
+    lr_d: float = weights()
+    beta1: float = weights()
+    beta2: float = weights()
+    gan_mode: Literal["vanilla", "lsgan"] = weights()
+    lambda_l1: float = weights()
+    lambda_id: float = weights()
+    lambda_feat: Annotated[float, Field(ge=0)] = weights(before=0.0)  # 0: no feature matching
+    update_rule: Literal["alternating", "simultaneous"] = weights(before="alternating")
+    lr_decay_epochs: int = weights()
+    min_epochs: int = weights()
+    max_epochs: Annotated[int, Field(ge=1)] = weights()
+    max_minutes: Annotated[float, Field(ge=0)] = weights(before=0.0)  # 0: no time limit
+    precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = weights()
+    accelerator: str = run_only()
+    devices: Annotated[int, Field(ge=1)] = weights()  # batch norm normalises over each process's share of the batch
+    num_nodes: Annotated[int, Field(ge=1)] = weights()
+    strategy: str = run_only()
+    sync_batchnorm: bool = weights()
+    channels_last: Literal["auto"] | bool = weights(before="auto")  # the layouts' kernels round differently
+    compile: bool = weights(before=False)  # generated kernels round differently
+    small_convs_as_matmul: Annotated[int, Field(ge=0)] = run_only()  # 0: off
+    fused_adam: bool = run_only()
+    keep_freed_memory: bool = run_only()
+    resume: Literal["auto", "never"] = run_only()
+    deterministic: bool = run_only()
+    max_bad_steps: int = run_only()
+    image_log_every: int = run_only()
+    seed: int = weights()
+    test_mode: Literal["eval", "train"] = weights()
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class EarlyStopConfig:
+    window: Annotated[int, Field(ge=1)] = weights()
+    patience: Annotated[int, Field(ge=1)] = weights()
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class ExportConfig:
+    opset: int
+    atol: float
+    int8: bool
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class RegisterConfig:
+    model_name: str
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class ServeConfig:
+    host: str
+    port: int
+    max_pixels: Annotated[int, Field(ge=1)]
+    max_model_pixels: Annotated[int, Field(ge=1)]
+    max_rows: Annotated[int, Field(ge=1)]
+    max_request_pixels: Annotated[int, Field(ge=1)]
+    max_request_cpu_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    max_request_bytes: Annotated[int, Field(ge=1024)]
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class MlflowConfig:
+    experiment: str
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class Params:
+    data: DataConfig
+    synthesize: SynthesizeConfig
+    ingest: IngestConfig
+    preprocess: PreprocessConfig
+    loader: LoaderConfig
+    model: ModelConfig
+    recognizer: RecognizerConfig
+    train: TrainConfig
+    early_stop: EarlyStopConfig
+    export: ExportConfig
+    register: RegisterConfig
+    serve: ServeConfig
+    mlflow: MlflowConfig
+
+    def flat(self, *sections: str) -> dict[str, object]:
+        """`section.key` -> value for the named sections (all when none), as MLflow params want them."""
+        names = sections or tuple(f.name for f in dataclasses.fields(self))
+        return {
+            f"{name}.{key}": value for name in names for key, value in dataclasses.asdict(getattr(self, name)).items()
+        }
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> Params:
+        rules.check(self)
+        return self
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Params)

@@ -1,0 +1,57 @@
+"""Settings stored with a model or cache (a payload, an ONNX file's metadata, a cache manifest) by this or an older
+version: read back checked by type and range, a key added since at the value those files were made with. The one
+place old files are upgraded."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from pydantic import TypeAdapter, ValidationError
+
+from thermal2visible.config.marks import NEVER_ABSENT
+from thermal2visible.config.messages import reason
+from thermal2visible.config.schema import SECTIONS
+from thermal2visible.errors import ConfigError
+
+
+def marked(section: str, mark: str) -> dict[str, object]:
+    """Each key of `section` -> its `mark` ("weights" or "before"); {} for a section without marks."""
+    return {f.name: f.metadata[mark] for f in dataclasses.fields(SECTIONS[section]) if mark in f.metadata}
+
+
+def weight_defining() -> dict[str, tuple[str, ...]]:
+    """Per section training reads, the keys that define the trained weights (read from the marks above)."""
+    keys = {
+        section: tuple(key for key, defines in marked(section, "weights").items() if defines) for section in SECTIONS
+    }
+    return {section: names for section, names in keys.items() if names}
+
+
+def added_later() -> dict[tuple[str, str], object]:
+    """(section, key) -> the value every run and model stored before the key existed had."""
+    return {
+        (section, key): before
+        for section in SECTIONS
+        for key, before in marked(section, "before").items()
+        if before is not NEVER_ABSENT
+    }
+
+
+def upgraded(section: str, settings: dict) -> dict:
+    """A section as stored by an older version, with each key added since at the value those files were made with."""
+    return {key: before for (name, key), before in added_later().items() if name == section} | settings
+
+
+def stored_section(section: str, settings: dict):
+    """A section as stored with a model or cache (JSON: lists for tuples) -> its settings, checked by type and range.
+    A key added since takes the value those files were made with; any other missing key means the file is not one
+    this code can read."""
+    upgraded_settings = upgraded(section, settings)
+    try:
+        return TypeAdapter(SECTIONS[section]).validate_json(json.dumps(upgraded_settings))
+    except ValidationError as error:
+        missing = "written before this key existed; run the stage that wrote the file again"
+        raise ConfigError(
+            "\n".join(dict.fromkeys(f"stored {reason(problem, (section,), missing)}" for problem in error.errors()))
+        ) from None
