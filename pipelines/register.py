@@ -55,8 +55,9 @@ from thermal2visible.tracking.store import (
 from thermal2visible.paths import CACHE, EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, REGISTERED
 
 
-class TestFrames:
-    """The new version's test frames (full size, in register, as served) and what a registered model trained on.
+class CachedTestFrames:
+    """The gate's `TestFrames`, read from the cache: the new version's test frames (full size, in register, as
+    served) and what a registered model trained on.
 
     `score` runs a registered model on them through the serving code (inference.frames.translate_frame);
     `trained_on` reads the training manifest packed with a model (inference.serving.pyfunc_arguments), so the gate
@@ -180,7 +181,7 @@ def register_new(
         },
         limits=ServedLimits.of(params.serve),
         training_manifest=trained_manifest(CACHE, settings.data_hash),
-        frames=TestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
+        frames=CachedTestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
     )
     gate = result.gate
     compared = (

@@ -31,7 +31,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -44,9 +43,10 @@ import torch  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
 
-from thermal2visible.errors import ConfigError, PipelineError  # noqa: E402
+from thermal2visible.cli import run_stage  # noqa: E402
+from thermal2visible.errors import ConfigError  # noqa: E402
 from thermal2visible.config.load import load_params, preset_overrides  # noqa: E402
-from thermal2visible.config.schema import LoaderConfig  # noqa: E402
+from thermal2visible.config.schema import LoaderConfig, Params  # noqa: E402
 from thermal2visible.models.payloads import load_generator  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule, model_batch  # noqa: E402
 from thermal2visible.models.generator import as_tested  # noqa: E402
@@ -323,8 +323,7 @@ def faces_grid(results: dict[str, list[dict]], cache: Path, work: Path, loader: 
     return figure
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--study", choices=["batch", "lr", "speed", "quality"], required=True)
     parser.add_argument("--quick", action="store_true", help="small images and short runs: a few CPU minutes")
     parser.add_argument("--values", type=int, nargs="+", help="batch sizes (lr: the one batch size)")
@@ -332,23 +331,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="speed study: train.devices values")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="quality study: train.seed values")
     parser.add_argument("--minutes", type=float, default=2.0, help="quality study: training budget of every run")
-    parser.add_argument("--params", type=Path, default=PARAMS)
-    parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="FILE")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument(
         "--out",
         type=Path,
         metavar="DIR",
         help=f"write DIR/<study>.md (+ .png, .json), replacing them (default: new dated files in {STUDY_REPORTS})",
     )
-    args = parser.parse_args()
-    overrides = [
-        *(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()),
-        *(override for preset in args.presets for override in preset_overrides(preset)),
-        *args.overrides,
-    ]
+
+
+def main(params: Params, args: argparse.Namespace) -> None:
+    """`params` with the presets and --set overrides (checked before anything starts); --quick goes under them."""
+    args.params = Path(args.params)
+    overrides = [*(preset_overrides(QUICK_STUDY) if args.quick and args.study != "speed" else ()), *args.settings]
     values = args.values or DEFAULT_VALUES[args.study][args.quick] if args.study != "quality" else args.seeds
-    params = load_params(args.params, overrides)  # a bad override fails here, before any child starts
+    params = load_params(args.params, overrides)
     queued = args.study in QUEUED_STUDIES
     if queued:
         if args.params.resolve() != PARAMS.resolve():
@@ -445,8 +441,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ConfigError, PipelineError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    run_stage(main, __doc__.splitlines()[0], study_arguments)

@@ -36,6 +36,7 @@ def page_faults_of_a_fourth_step(keep_freed_memory: bool) -> int:
     return int(probe.stdout.split()[-1])
 
 
+@pytest.mark.slow  # a measured subprocess
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the option tunes glibc's malloc")
 def test_kept_memory_is_reused_without_page_faults():
     kept, default = page_faults_of_a_fourth_step(True), page_faults_of_a_fourth_step(False)

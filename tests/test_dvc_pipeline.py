@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from thermal2visible import paths
@@ -29,6 +30,7 @@ def ran_stages(output):
     return {stage for stage in DATA_STAGES if f"Running stage '{stage}'" in output}
 
 
+@pytest.mark.slow  # a real dvc repro
 def test_repro_twice_is_a_noop_and_a_param_reruns_only_its_stages(project_copy):
     repo = project_copy
     first = dvc(repo, "repro", "preprocess")
@@ -108,6 +110,7 @@ def test_dvc_yaml_writes_where_the_code_writes():
     assert str(paths.INDEX.parent) in declared
 
 
+@pytest.mark.slow  # a real dvc repro
 def test_editing_a_library_file_makes_dvc_status_name_the_stages_that_use_it(project_copy):
     repo = project_copy
     dvc(repo, "repro", "preprocess")

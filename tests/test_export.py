@@ -124,6 +124,7 @@ def test_nan_output_fails_parity(project, exported, test_images):
         check_parity(onnx_session(project / "models" / "generator.onnx"), broken, test_images, atol=1e-3)
 
 
+@pytest.mark.slow  # a stage subprocess
 def test_stage_without_generator_says_so(tmp_path):
     result = subprocess.run(
         [sys.executable, str(EXPORT), "--params", str(SHIPPED_FROM)],
@@ -166,6 +167,7 @@ def test_a_resnet_generator_exports_with_parity_at_dynamic_sizes(tiny_cache, tmp
     np.testing.assert_allclose(run_onnx(session, frame), run_torch(generator, frame), atol=1e-4)
 
 
+@pytest.mark.slow  # processes
 def test_the_same_weights_export_to_the_same_bytes_in_every_process(project, tmp_path):
     """dvc.lock hashes the .onnx: a rerun that trains the same weights must write the same file, whatever the
     process's string-hash seed (torch.export prints some of its notes in hash order)."""

@@ -30,7 +30,6 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.inference.registry import CHALLENGER, CHAMPION, gate, register
 from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments
 
-pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
 REGISTER = ROOT / "pipelines" / "register.py"
 
@@ -101,6 +100,7 @@ class Frames:
         return self.seen[model_uri.rsplit("/", 1)[1]]
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_gate_scores_the_champion_on_the_new_test_set(client, onnx_model):
     """A stored PSNR measured on other images decides nothing: both models are scored on the same frames."""
     add(onnx_model, "fair", 30.0)
@@ -122,6 +122,7 @@ def test_gate_scores_the_champion_on_the_new_test_set(client, onnx_model):
     assert aliases(client, "fair") == {CHAMPION: 2, CHALLENGER: 3}
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_on_other_data_the_gate_leaves_out_the_frames_the_champion_trained_on(client, onnx_model):
     """New data may hold the champion's own training frames: scored on them it would look better than it is."""
     add(onnx_model, "moved", 20.0, data_hash="md5-of-old-data")
@@ -157,6 +158,7 @@ def aliases(client: MlflowClient, name: str) -> dict[str, int]:
     return {alias: int(version) for alias, version in client.get_registered_model(name).aliases.items()}
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_champion_moves_only_for_a_better_model(client, onnx_model):
     first = add(onnx_model, "gated", 20.0)
     assert (first.version, first.alias, first.champion_psnr_before) == (1, CHAMPION, None)
@@ -177,6 +179,7 @@ def test_champion_moves_only_for_a_better_model(client, onnx_model):
     assert psnrs == {1: 20.0, 2: 18.0, 3: 25.0, 4: 40.0}
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
     added = add(onnx_model, "lineage", 21.5)
     version = client.get_model_version("lineage", str(added.version))
@@ -213,6 +216,7 @@ def registered(project: Path) -> dict:
     return json.loads((project / "reports" / "registered.json").read_text())
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path, write_params):
     shutil.copytree(tiny_cache, tmp_path / "data" / "cache")
     run_register_stage(tmp_path, tracking_uri, onnx_model.parent, 22.0)
@@ -277,6 +281,7 @@ def resplit_cache(tiny_cache: Path, folder: Path, write_params) -> Path:
     return folder / "cache"
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_register_stage_needs_evaluation(tracking_uri, onnx_model, tmp_path):
     (tmp_path / "models").mkdir()
     shutil.copy(onnx_model, tmp_path / "models" / "generator.onnx")
@@ -316,6 +321,7 @@ def cache_of_kind(folder: Path, kind: str, write_params) -> Path:
     return folder / "cache"
 
 
+@pytest.mark.slow  # a real MLflow server
 @pytest.mark.parametrize("kind", THERMAL_KINDS)
 def test_a_registered_model_carries_an_example_of_the_frames_it_was_trained_on(client, tmp_path, kind, write_params):
     """A temperature-map model's example is a float map, a 16-bit model's 16-bit, an RGB model's RGB, and each
@@ -334,6 +340,7 @@ def test_a_registered_model_carries_an_example_of_the_frames_it_was_trained_on(c
     )
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_a_model_that_fails_on_its_own_example_is_not_registered(client, onnx_model, tmp_path):
     """An .onnx whose settings agree with each other but not with its graph (half the graph's size) cannot
     translate anything: registration stops, naming the file, and no version appears."""
@@ -357,6 +364,7 @@ mlflow.models.set_model(ThermalToVisible())
 """
 
 
+@pytest.mark.slow  # a real MLflow server
 def test_a_tampered_version_runs_no_code_in_translate_or_the_gate(client, tracking_uri, tiny_cache, tmp_path):
     """A version whose model code was replaced, made champion: translate and the register stage's gate run its ONNX
     file with the installed code; loading it as a pyfunc (what `mlflow models serve` does) runs the replacement."""

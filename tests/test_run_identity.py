@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from thermal2visible.paths import CACHE
@@ -24,6 +25,7 @@ def recognizer_run(repo: Path, client: MlflowClient):
     return run
 
 
+@pytest.mark.slow  # a git clone and a training subprocess
 def test_a_clean_clone_run_is_not_dirty_names_its_commit_and_logs_its_dataset(project_copy):
     repo = project_copy
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}

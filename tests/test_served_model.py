@@ -1,0 +1,70 @@
+"""The served model in this process, no server: an MLflow pyfunc saved from a tiny export translates a frame exactly
+as its ONNX session does through frames.translate_frame, and refuses work over its limits, naming the row, before
+the network runs. (The same model behind a real `mlflow models serve` is tests/test_serving.py.)"""
+
+import base64
+import io
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+from PIL import Image
+
+from shipped import shipped
+from thermal2visible.data.images import read_image
+from thermal2visible.inference.frames import translate_frame
+from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments
+from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
+from thermal2visible.paths import MANIFEST
+from thermal2visible.pixels import quantise
+from tiny_model import export_tiny
+
+LIMITS = ServedLimits.of(shipped("serve", max_model_pixels=64 * 64, max_rows=2))
+
+
+def png(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_cache):
+    folder = tmp_path_factory.mktemp("served")
+    onnx = export_tiny(folder, tiny_cache)
+    with pyfunc_arguments(onnx, LIMITS, tiny_cache / MANIFEST) as arguments:
+        mlflow.pyfunc.save_model(str(folder / "pyfunc"), **arguments)
+    return mlflow.pyfunc.load_model(str(folder / "pyfunc")), onnx
+
+
+@pytest.fixture(scope="module")
+def face(tiny_cache) -> np.ndarray:
+    thermal = tiny_cache.parent / "raw" / "thermal"
+    return read_image(sorted(next(iter(sorted(thermal.iterdir()))).iterdir())[0], 10**6)
+
+
+def test_the_served_model_gives_the_pixels_of_its_onnx_session(served, face):
+    model, onnx = served
+    reply = model.predict(pd.DataFrame({IMAGE: [png(face)]}))[IMAGE][0]
+    pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(reply))))
+    session = onnx_session(onnx)
+    settings = exported_settings(session, str(onnx))
+    visible = translate_frame(lambda batch: run_onnx(session, batch), face, settings.preprocess)
+    expected = quantise(visible[:, :, 0] if visible.shape[2] == 1 else visible, np.uint8)
+    assert pixels.shape[:2] == face.shape[:2]
+    assert np.array_equal(pixels, expected)
+
+
+def test_work_over_the_limits_is_refused_naming_the_row_before_the_network_runs(served, face):
+    model, _ = served
+    wide = np.tile(face, (1, 8) + (1,) * (face.ndim - 2))  # 8 faces wide: over max_model_pixels once scaled
+    over = {
+        "3 images in one request; serve.max_rows allows 2": [face] * 3,
+        "over max_model_pixels 4096 (refused before translating)": [face, wide],
+    }
+    for phrase, frames in over.items():
+        with pytest.raises(MlflowException) as refused:
+            model.predict(pd.DataFrame({IMAGE: [png(frame) for frame in frames]}))
+        assert refused.value.get_http_status_code() == 400 and phrase in refused.value.message
