@@ -79,6 +79,16 @@ def run_benchmark():
 
 
 @pytest.fixture(scope="session")
+def tracking_uri(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 for the whole session, its store in a temporary folder; tests that share
+    it keep apart by their own model and experiment names."""
+    from thermal2visible.dev.servers import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
+
+
+@pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
     """A cache dir (manifest.json + arrays) made by synthesize -> ingest -> preprocess on tiny data."""
     from thermal2visible.data.cache import build_cache

@@ -17,6 +17,7 @@ import yaml
 from benchmarks import rounds
 from benchmarks.layers import STEP_MIX, convolutions, step_flops
 from thermal2visible.paths import PARAMS
+from figures import assert_drawn
 
 
 def test_each_round_runs_every_configuration_in_a_rotated_order():
@@ -142,7 +143,7 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     figures = result["summary"]["configs"]["default"]
     assert figures["gflops_per_s"] > 0 and report["machine"]["cpu"]
     assert all(peak["measurements"] == 2 for peak in report["matmul_peak_gflops"].values())  # one per round
-    assert (results / f"{stem}.png").stat().st_size > 0
+    assert_drawn(results / f"{stem}.png")
 
 
 def test_a_run_writes_a_new_dated_result_and_replaces_a_file_only_at_a_path_it_is_given(tmp_path, monkeypatch):
@@ -215,7 +216,7 @@ def test_time_to_quality_bars_take_the_colour_of_their_setups_curves(tmp_path):
     plt.close("all")
     assert bar_colour == curve_colour and len(set(curve_colour.values())) > 2
     assert verdicts == ["x1.00 [0.80-1.20]\nno measurable difference"]
-    assert (tmp_path / "ttq.png").stat().st_size > 0
+    assert_drawn(tmp_path / "ttq.png")
 
 
 def test_the_step_mix_of_the_layers_adds_up_to_the_plain_steps_flops():

@@ -19,7 +19,6 @@ from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
 from shipped import SHIPPED_FROM, shipped
 from thermal2visible.paths import MANIFEST
-from thermal2visible.dev.servers import mlflow_server
 from tiny_model import export_tiny, write_stage_record
 
 from thermal2visible.config.load import load_params
@@ -32,12 +31,6 @@ from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_argume
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTER = ROOT / "pipelines" / "register.py"
-
-
-@pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory):
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import yaml
 from mlflow.exceptions import MlflowException
 from PIL import Image
 from shipped import SHIPPED_TEXT, shipped
-from thermal2visible.dev.servers import free_port, mlflow_server, model_server, quiet_env, running
+from thermal2visible.dev.servers import free_port, model_server, quiet_env, running
 from conftest import run_script
 from tiny_model import export_tiny
 
@@ -78,12 +78,6 @@ SIZES = [(40, 56), (20, 12), (33, 33), (120, 160)]
 
 
 @pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory):
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
-
-
-@pytest.fixture(scope="module")
 def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFuncModel:
     """The champion registered through the server, loaded in this process."""
     model = export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
@@ -111,12 +105,6 @@ def url(in_process, tracking_uri, tmp_path_factory):
 
 def invoke(url: str, body: dict) -> requests.Response:
     return requests.post(f"{url}/invocations", json=body, timeout=60)
-
-
-def test_health_endpoints(url):
-    assert requests.get(f"{url}/ping").status_code == 200
-    assert requests.get(f"{url}/health").status_code == 200
-    assert requests.get(f"{url}/version").text == mlflow.__version__
 
 
 @pytest.mark.parametrize(

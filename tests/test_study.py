@@ -4,6 +4,7 @@ scratch projects, one MLflow parent, a markdown table."""
 import importlib.util
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from benchmarks.queue_sweep import tiny_project
 from thermal2visible.dev.servers import quiet_env
 from thermal2visible.paths import TRAIN_METRICS
 from thermal2visible.studies.queue import shown_experiments
+from figures import assert_drawn
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +64,7 @@ def test_batch_study_runs_its_points_through_dvcs_queue_and_tables_each_experime
         assert run.data.tags["dvc_experiment"] == child["dvc_experiment"]
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert run.data.params["train.batch_size"] == batch and run.data.params["preprocess.image_size"] == "16"
+    assert_drawn(report.with_suffix(".png"))
     assert (project / "params.yaml").read_bytes() == params_before  # the experiments ran in DVC's copies
     assert not (project / "models" / "generator.pt").exists()
 
@@ -127,9 +130,13 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
         )
     }
     assert list(rows)[1:] == ["default", "multi-scale D", "feature matching", "ResNet generator", "best combination"]
-    assert all(float(rows[name][3]) > 0 for name in list(rows)[1:])  # mean test PSNR in dB
+    scored = {}  # each configuration's test PSNR per seed, as its evaluate stage wrote them
+    for child in json.loads(report.with_suffix(".json").read_text()):
+        scored.setdefault(child["name"].rsplit(" seed ", 1)[0], []).append(child["eval"]["generator"]["psnr"])
+    for name in list(rows)[1:]:
+        assert rows[name][3].strip() == f"{statistics.mean(scored[name]):.2f}", name  # mean test PSNR in dB
     for picture in (".png", "_grid.png"):
-        assert report.with_name(report.stem + picture).stat().st_size > 10_000
+        assert_drawn(report.with_name(report.stem + picture))
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])

@@ -16,6 +16,7 @@ from thermal2visible.data.ingest import ingest
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.tracking.store import file_digest
 from thermal2visible.training.precision import resolve_channels_last
+from figures import assert_drawn
 
 pytestmark = pytest.mark.slow
 SPLITS = ("train", "val", "test")
@@ -57,7 +58,7 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     with (project / "metrics" / "psnr.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert len(rows) == summary["epochs_run"] and rows[3]["psnr_smoothed"] == "" and rows[4]["psnr_smoothed"]
-    assert (project / "reports" / "psnr_curve.png").stat().st_size > 10_000
+    assert_drawn(project / "reports" / "psnr_curve.png")
     epochs = [line for line in trained.stdout.splitlines() if line.startswith("epoch ")]  # progress, one per epoch
     assert [line.split(":")[0] for line in epochs] == [f"epoch {n}/80" for n in range(1, summary["epochs_run"] + 1)]
     best = f"best {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']}"
