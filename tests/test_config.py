@@ -140,7 +140,7 @@ def test_the_schema_holds_no_values_and_a_key_missing_from_params_yaml_is_named(
 
 def test_a_section_training_reads_marks_every_key_and_dvc_gives_train_every_weight_key():
     """The marks are the one classing of keys: a section has them on every key or on none, and each key marked
-    weights() reaches the train stage as a DVC param (its own, or one of the stage that makes its cache)."""
+    defines_weights() reaches the train stage as a DVC param (its own, or one of the stage that makes its cache)."""
     for section in SECTIONS:
         assert len(marked(section, "weights")) in (0, len(dataclasses.fields(SECTIONS[section]))), section
     stages = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]

@@ -7,7 +7,7 @@ from dataclasses import field
 NEVER_ABSENT = object()
 
 
-def weights(before: object = NEVER_ABSENT):
+def defines_weights(before: object = NEVER_ABSENT):
     """A key that defines the trained weights: it enters the run's fingerprint, so a checkpoint of a run with another
     value never continues (training.resume.run_fingerprint). `before`: for a key added after runs and models were
     stored, the value they all had; at that value it leaves their fingerprint as it was, and a stored file lacking
@@ -15,7 +15,7 @@ def weights(before: object = NEVER_ABSENT):
     return field(metadata={"weights": True, "before": before})
 
 
-def run_only():
+def run_setting():
     """A key that only says how a run is carried out (device kind, speed, logging, resuming): changing it keeps
     last.ckpt, and the resumed run ends with the same weights."""
     return field(metadata={"weights": False, "before": NEVER_ABSENT})

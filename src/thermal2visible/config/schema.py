@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_v
 from pydantic.dataclasses import dataclass
 
 from thermal2visible.config import rules
-from thermal2visible.config.marks import run_only, weights
+from thermal2visible.config.marks import defines_weights, run_setting
 
 # JSON's strict rules, as YAML values read: 3 is no bool, "3" no int, 3 a float, a list a tuple; an unknown key fails.
 SCHEMA = ConfigDict(strict=True, extra="forbid")
@@ -53,20 +53,20 @@ class IngestConfig:
 class PreprocessConfig:
     """Checked by range wherever it is read: params.yaml, and the copy stored in a cache, a payload or an ONNX file."""
 
-    image_size: Annotated[int, Field(ge=16)] = weights()  # each generator adds its own rule (rules.py)
-    face_crop: bool = weights()
-    crop_margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = weights()
-    thermal_norm: Literal["percentile", "fixed", "temperature"] = weights()
-    percentiles: tuple[float, float] = weights()
-    fixed_range: tuple[float, float] = weights()
-    temperature_range: tuple[float, float] = weights()
-    split_by: Literal["random", "identity", "sequence"] = weights()
-    val_fraction: Annotated[float, Field(ge=0, lt=1)] = weights()
-    test_fraction: Annotated[float, Field(ge=0, lt=1)] = weights()
-    seed: int = weights()
-    jitter_scale: Annotated[float, Field(ge=1, allow_inf_nan=False)] = weights()  # resize up, then crop back
-    align: bool = weights()
-    align_max_residual: Annotated[float, Field(gt=0, allow_inf_nan=False)] = weights()  # pixels
+    image_size: Annotated[int, Field(ge=16)] = defines_weights()  # each generator adds its own rule (rules.py)
+    face_crop: bool = defines_weights()
+    crop_margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = defines_weights()
+    thermal_norm: Literal["percentile", "fixed", "temperature"] = defines_weights()
+    percentiles: tuple[float, float] = defines_weights()
+    fixed_range: tuple[float, float] = defines_weights()
+    temperature_range: tuple[float, float] = defines_weights()
+    split_by: Literal["random", "identity", "sequence"] = defines_weights()
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = defines_weights()
+    test_fraction: Annotated[float, Field(ge=0, lt=1)] = defines_weights()
+    seed: int = defines_weights()
+    jitter_scale: Annotated[float, Field(ge=1, allow_inf_nan=False)] = defines_weights()  # resize up, then crop back
+    align: bool = defines_weights()
+    align_max_residual: Annotated[float, Field(gt=0, allow_inf_nan=False)] = defines_weights()  # pixels
 
     @field_validator("percentiles")
     @classmethod
@@ -93,22 +93,22 @@ class PreprocessConfig:
 
 @dataclass(frozen=True, config=SCHEMA)
 class LoaderConfig:
-    num_workers: int = run_only()
-    pin_memory: bool = run_only()
-    preload: bool | Literal["auto"] = run_only()
-    preload_share: Annotated[float, Field(gt=0, le=1)] = run_only()
-    jitter: bool = weights()
+    num_workers: int = run_setting()
+    pin_memory: bool = run_setting()
+    preload: bool | Literal["auto"] = run_setting()
+    preload_share: Annotated[float, Field(gt=0, le=1)] = run_setting()
+    jitter: bool = defines_weights()
 
 
 @dataclass(frozen=True, config=SCHEMA)
 class ModelConfig:
-    generator: Literal["unet", "resnet"] = weights(before="unet")
-    ngf: int = weights()
-    ndf: int = weights()
-    discriminator_scales: Literal[1, 2, 3] = weights(before=1)
-    norm: Literal["batch", "instance", "none"] = weights()
-    dropout: Annotated[float, Field(ge=0, lt=1)] = weights()  # 1 would drop every activation
-    recompute: bool = run_only()
+    generator: Literal["unet", "resnet"] = defines_weights(before="unet")
+    ngf: int = defines_weights()
+    ndf: int = defines_weights()
+    discriminator_scales: Literal[1, 2, 3] = defines_weights(before=1)
+    norm: Literal["batch", "instance", "none"] = defines_weights()
+    dropout: Annotated[float, Field(ge=0, lt=1)] = defines_weights()  # 1 would drop every activation
+    recompute: bool = run_setting()
 
 
 @dataclass(frozen=True, config=SCHEMA)
@@ -122,45 +122,47 @@ class RecognizerConfig:
 
 @dataclass(frozen=True, config=SCHEMA)
 class TrainConfig:
-    batch_size: Annotated[int, Field(ge=1)] = weights()
-    base_batch_size: Annotated[int, Field(ge=1)] = weights()
-    lr_scaling: Literal["none", "sqrt", "linear"] = weights()
-    lr_g: float = weights()
-    lr_d: float = weights()
-    beta1: float = weights()
-    beta2: float = weights()
-    gan_mode: Literal["vanilla", "lsgan"] = weights()
-    lambda_l1: float = weights()
-    lambda_id: float = weights()
-    lambda_feat: Annotated[float, Field(ge=0)] = weights(before=0.0)  # 0: no feature matching
-    update_rule: Literal["alternating", "simultaneous"] = weights(before="alternating")
-    lr_decay_epochs: int = weights()
-    min_epochs: int = weights()
-    max_epochs: Annotated[int, Field(ge=1)] = weights()
-    max_minutes: Annotated[float, Field(ge=0)] = weights(before=0.0)  # 0: no time limit
-    precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = weights()
-    accelerator: str = run_only()
-    devices: Annotated[int, Field(ge=1)] = weights()  # batch norm normalises over each process's share of the batch
-    num_nodes: Annotated[int, Field(ge=1)] = weights()
-    strategy: str = run_only()
-    sync_batchnorm: bool = weights()
-    channels_last: Literal["auto"] | bool = weights(before="auto")  # the layouts' kernels round differently
-    compile: bool = weights(before=False)  # generated kernels round differently
-    small_convs_as_matmul: Annotated[int, Field(ge=0)] = run_only()  # 0: off
-    fused_adam: bool = run_only()
-    keep_freed_memory: bool = run_only()
-    resume: Literal["auto", "never"] = run_only()
-    deterministic: bool = run_only()
-    max_bad_steps: int = run_only()
-    image_log_every: int = run_only()
-    seed: int = weights()
-    test_mode: Literal["eval", "train"] = weights()
+    batch_size: Annotated[int, Field(ge=1)] = defines_weights()
+    base_batch_size: Annotated[int, Field(ge=1)] = defines_weights()
+    lr_scaling: Literal["none", "sqrt", "linear"] = defines_weights()
+    lr_g: float = defines_weights()
+    lr_d: float = defines_weights()
+    beta1: float = defines_weights()
+    beta2: float = defines_weights()
+    gan_mode: Literal["vanilla", "lsgan"] = defines_weights()
+    lambda_l1: float = defines_weights()
+    lambda_id: float = defines_weights()
+    lambda_feat: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)  # 0: no feature matching
+    update_rule: Literal["alternating", "simultaneous"] = defines_weights(before="alternating")
+    lr_decay_epochs: int = defines_weights()
+    min_epochs: int = defines_weights()
+    max_epochs: Annotated[int, Field(ge=1)] = defines_weights()
+    max_minutes: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)  # 0: no time limit
+    precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = defines_weights()
+    accelerator: str = run_setting()
+    devices: Annotated[int, Field(ge=1)] = (
+        defines_weights()
+    )  # batch norm normalises over each process's share of the batch
+    num_nodes: Annotated[int, Field(ge=1)] = defines_weights()
+    strategy: str = run_setting()
+    sync_batchnorm: bool = defines_weights()
+    channels_last: Literal["auto"] | bool = defines_weights(before="auto")  # the layouts' kernels round differently
+    compile: bool = defines_weights(before=False)  # generated kernels round differently
+    small_convs_as_matmul: Annotated[int, Field(ge=0)] = run_setting()  # 0: off
+    fused_adam: bool = run_setting()
+    keep_freed_memory: bool = run_setting()
+    resume: Literal["auto", "never"] = run_setting()
+    deterministic: bool = run_setting()
+    max_bad_steps: int = run_setting()
+    image_log_every: int = run_setting()
+    seed: int = defines_weights()
+    test_mode: Literal["eval", "train"] = defines_weights()
 
 
 @dataclass(frozen=True, config=SCHEMA)
 class EarlyStopConfig:
-    window: Annotated[int, Field(ge=1)] = weights()
-    patience: Annotated[int, Field(ge=1)] = weights()
+    window: Annotated[int, Field(ge=1)] = defines_weights()
+    patience: Annotated[int, Field(ge=1)] = defines_weights()
 
 
 @dataclass(frozen=True, config=SCHEMA)

@@ -86,7 +86,7 @@ def run_block(block: nn.Module, x: torch.Tensor, recompute: bool) -> torch.Tenso
     if recompute and block.training and torch.is_grad_enabled():
         # The RNG state is replayed, so dropout masks match, and the recomputation leaves batch-norm statistics as
         # the forward left them, so recompute changes memory and time only, never the trained weights
-        # (config/schema.py marks model.recompute `run_only()`).
+        # (config/schema.py marks model.recompute `run_setting()`).
         side = ACTIVE_SIDE.get()  # backward recomputes outside the training step's conv mode: the same convs again
         return checkpoint(
             block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), recomputed_as_run(block, side))

@@ -6,6 +6,10 @@ Epochs are counted from 1 (epoch n = after n epochs of training). The history, b
 Lightning's checkpoint, so a resumed run makes the same decisions as one that was never interrupted. The best
 generator's file is written only once a checkpoint records that epoch as the best (see `_keep_best`), so a kill
 never leaves a best file that the resumed run disagrees with.
+
+Not Lightning's EarlyStopping and ModelCheckpoint: the best model here is the generator payload the later stages read
+(weights, settings, fingerprint), written only once a checkpoint records its epoch as the best, not a whole trainer
+checkpoint; and the smoothed PSNR it watches exists only from epoch `window`, before which no best may be taken.
 """
 
 from __future__ import annotations

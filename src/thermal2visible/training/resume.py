@@ -12,7 +12,7 @@ The protocol:
      Lightning's checkpoints go through too: `AtomicCheckpointIO`): a kill mid-write leaves the previous file whole,
      and a stray `.tmp` is never read.
   2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights:
-     the keys config/schema.py marks `weights()`) and its MLflow run id.
+     the keys config/schema.py marks `defines_weights()`) and its MLflow run id.
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise the old
      run's files are parked in checkpoints/<its fingerprint>/ (never deleted) and this run continues its own parked
      files, or starts afresh. One training at a time holds the folder (`one_training_at_a_time`, an OS lock).
