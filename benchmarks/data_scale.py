@@ -48,6 +48,7 @@ from thermal2visible.data.datamodule import PairedDataModule, free_memory, gib, 
 from thermal2visible.errors import PipelineError  # noqa: E402
 from thermal2visible.paths import MANIFEST  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.trainer import build_trainer  # noqa: E402
 
 SIZE, WARMUP = 256, 3
@@ -58,7 +59,7 @@ def worker(cache: Path, preload: bool, steps: int, batch: int, out: Path) -> Non
     train = dataclasses.replace(SHIPPED.train, batch_size=batch, max_epochs=1, min_epochs=1, accelerator="cpu")
     torch.manual_seed(0)
     data = PairedDataModule(cache, batch, dataclasses.replace(SHIPPED.loader, preload=preload))
-    module = Pix2Pix(SHIPPED.model, train, SIZE, data.thermal_channels, data.visible_channels)
+    module = Pix2Pix(*build_networks(SHIPPED.model, SIZE, data.thermal_channels, data.visible_channels), train)
     clock = BatchClock(WARMUP + steps)
     build_trainer(train, callbacks=[clock], limit_train_batches=WARMUP + steps, limit_val_batches=0).fit(
         module, datamodule=data

@@ -51,6 +51,7 @@ from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summari
 from thermal2visible.dev.servers import free_port  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.precision import resolve_channels_last, resolve_precision  # noqa: E402
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer  # noqa: E402
 
@@ -154,7 +155,7 @@ def worker(config: dict, cache: Path, size: int, batch: int, warmup: int, repeat
     else:  # sets 1 thread per process itself (cores // processes)
         strategy = GanDDPStrategy(process_group_backend="gloo", **config)
     torch.manual_seed(0)
-    module = Pix2Pix(PAPER_MODEL, train, size, thermal_channels=1, visible_channels=3)
+    module = Pix2Pix(*build_networks(PAPER_MODEL, size, 1, 3), train)
     clock = BatchClock(warmup + repeats)
     callbacks = [clock] + ([Compression(compress)] if compress else [])
     trainer = build_trainer(
@@ -261,7 +262,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="t2v-ddp-") as scratch:
         pairs = 2 * max(args.batches) * (args.warmup + args.repeats) + 16
         cache, _ = synthetic_cache(Path(scratch), args.size, pairs)
-        generator_and_discriminator = Pix2Pix(PAPER_MODEL, SHIPPED.train, args.size, 1, 3)
+        generator_and_discriminator = Pix2Pix(*build_networks(PAPER_MODEL, args.size, 1, 3), SHIPPED.train)
         gradients = sum(weight.numel() for weight in generator_and_discriminator.parameters())
         exchange = allreduce_seconds(gradients, Path(scratch))
         print(

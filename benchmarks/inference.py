@@ -65,7 +65,7 @@ from thermal2visible.inference.export import (
     quantize_int8,  # noqa: E402
     run_torch,
 )
-from thermal2visible.models.generator import UNetGenerator  # noqa: E402
+from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
 from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments  # noqa: E402
 from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
 from thermal2visible.training.precision import cpu_has_native_bf16  # noqa: E402

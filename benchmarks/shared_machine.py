@@ -45,6 +45,7 @@ from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.dev.servers import model_server  # noqa: E402
 from thermal2visible.inference.serving import IMAGE  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.trainer import build_trainer, per_process_batch  # noqa: E402
 
 ALONE, TWO, SERVE_ALONE, SERVE_BESIDE = "one training", "two trainings at once", "serving alone", "serving beside"
@@ -66,7 +67,10 @@ def train(cache: Path, epochs: int, started: Path | None) -> None:
     settings = dataclasses.replace(SHIPPED.train, max_epochs=epochs, min_epochs=1, accelerator="cpu")
     torch.manual_seed(settings.seed)
     data = PairedDataModule(cache, per_process_batch(settings), SHIPPED.loader)
-    module = Pix2Pix(SHIPPED.model, settings, data.manifest["image_size"], data.thermal_channels, data.visible_channels)
+    module = Pix2Pix(
+        *build_networks(SHIPPED.model, data.manifest["image_size"], data.thermal_channels, data.visible_channels),
+        settings,
+    )
     build_trainer(settings, callbacks=[FirstStep(started)] if started else []).fit(module, datamodule=data)
 
 

@@ -72,10 +72,11 @@ from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible  # noqa: E402
 from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers  # noqa: E402
-from thermal2visible.models.generator import UNetGenerator  # noqa: E402
+from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
 from thermal2visible.pixels import to_model  # noqa: E402
 from thermal2visible.training.allocator import keep_freed_memory  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.precision import resolve_precision  # noqa: E402
 from thermal2visible.training.trainer import build_trainer  # noqa: E402
 
@@ -204,7 +205,7 @@ def fit(change: dict, batch: int, size: int, data: tuple, batches: int, callback
     cached = settings.pop("cached", True)
     train = dataclasses.replace(SHIPPED.train, batch_size=batch, max_epochs=1, accelerator="cpu", **settings)
     seed_everything(0, verbose=False)
-    module = Pix2Pix(model_for(size), train, size, thermal_channels=1, visible_channels=3)
+    module = Pix2Pix(*build_networks(model_for(size), size, 1, 3), train)
     trainer = build_trainer(train, callbacks=callbacks, limit_train_batches=batches, limit_val_batches=0)
     cache, cfg = data
     if cached:

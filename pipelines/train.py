@@ -43,6 +43,7 @@ from thermal2visible.tracking.store import (
 )
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.progress import EpochLine
 from thermal2visible.training.precision import resolve_accelerator, resolve_channels_last, resolve_precision
 from thermal2visible.training.resume import (
@@ -54,6 +55,7 @@ from thermal2visible.training.resume import (
     run_fingerprint,
 )
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
+from thermal2visible.models.networks import generator_class
 from thermal2visible.paths import (
     BEST_GENERATOR,
     CACHE,
@@ -111,6 +113,7 @@ def stop_like_sigterm_on_ctrl_c() -> None:
 
 def main(params: Params) -> None:
     t = params.train
+    generator_class(params.model, params.preprocess.image_size)  # refused by name before any data is read
     if not (CACHE / MANIFEST).is_file():
         raise PipelineError(f"{CACHE / MANIFEST}: missing; run the preprocess stage first (dvc repro preprocess)")
     seed_everything(t.seed, workers=True, verbose=False)
@@ -154,7 +157,11 @@ def train(params: Params, data: PairedDataModule, recognizer, cache_hash: str, f
         for key, value in {"host": socket.gethostname(), "pid": str(os.getpid())}.items():
             logger.experiment.set_tag(logger.run_id, key, value)
     manifest = data.manifest
-    module = Pix2Pix(params.model, t, manifest["image_size"], data.thermal_channels, data.visible_channels, recognizer)
+    module = Pix2Pix(
+        *build_networks(params.model, manifest["image_size"], data.thermal_channels, data.visible_channels),
+        t,
+        recognizer,
+    )
     # The preprocess settings the generator is stamped with are the cache's (what its images went through), which
     # refuse_unworkable has checked params.yaml agrees with.
     stop = PsnrEarlyStopping(

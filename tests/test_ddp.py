@@ -22,6 +22,7 @@ from thermal2visible.paths import MANIFEST
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.metrics import image_scores, to_unit
 from thermal2visible.training.module import Pix2Pix
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.trainer import build_trainer, per_process_batch
 from shipped import shipped
 
@@ -76,7 +77,7 @@ def train_steps(devices: int, out: Path, options: str) -> None:
         max_epochs=1,
         **changes,
     )
-    module = Pix2Pix(model, train, SIZE, 1, 3)
+    module = Pix2Pix(*build_networks(model, SIZE, 1, 3), train)
     generator = torch.Generator().manual_seed(1)
     samples = [
         {
@@ -100,7 +101,9 @@ def test_ddp_step_equals_the_single_process_step_on_the_same_global_batch(tmp_pa
         run_python(__file__, str(devices), str(out), options)
         weights[devices] = torch.load(out, weights_only=True)
     torch.manual_seed(0)
-    initial = Pix2Pix(OPTIONS[options][0], shipped("train", batch_size=GLOBAL_BATCH), SIZE, 1, 3).state_dict()
+    initial = Pix2Pix(
+        *build_networks(OPTIONS[options][0], SIZE, 1, 3), shipped("train", batch_size=GLOBAL_BATCH)
+    ).state_dict()
     moved = [name for name in initial if not torch.equal(initial[name], weights[1][name])]
     assert any(name.startswith("generator.") for name in moved) and any(n.startswith("discriminator.") for n in moved)
     for name, value in weights[1].items():
@@ -162,11 +165,10 @@ def train_ranks(cache: Path, out: Path) -> None:
     )
     data = PairedDataModule(cache, per_process_batch(train), shipped("loader", jitter=True))
     module = Pix2Pix(
-        shipped("model", ngf=8, ndf=8, norm="batch", dropout=0.5),
+        *build_networks(
+            shipped("model", ngf=8, ndf=8, norm="batch", dropout=0.5), 32, data.thermal_channels, data.visible_channels
+        ),
         train,
-        32,
-        data.thermal_channels,
-        data.visible_channels,
     )
     seen = Seen()
     trainer = build_trainer(train, callbacks=[seen])

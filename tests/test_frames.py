@@ -18,7 +18,7 @@ from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.data.preprocess import crop_box, normalise_frame, prepare_thermal
 from thermal2visible.inference.export import run_torch
 from thermal2visible.inference.frames import translate_frame
-from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.models.generators.unet import UNetGenerator
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
 from shipped import shipped
 

@@ -17,6 +17,7 @@ from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.errors import PipelineError
 from thermal2visible.training.module import Pix2Pix
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.shared_cores import TakeTurns
 from thermal2visible.training.trainer import build_trainer
 
@@ -40,7 +41,9 @@ def trained(cache: Path, preload: bool) -> tuple[Pix2Pix, PairedDataModule, Take
     )
     torch.manual_seed(0)
     data = PairedDataModule(cache, train.batch_size, dataclasses.replace(TINY.loader, preload=preload))
-    module = Pix2Pix(TINY.model, train, data.manifest["image_size"], data.thermal_channels, data.visible_channels)
+    module = Pix2Pix(
+        *build_networks(TINY.model, data.manifest["image_size"], data.thermal_channels, data.visible_channels), train
+    )
     turns = TakeTurns()
     trainer = build_trainer(train, callbacks=[turns])
     trainer.fit(module, datamodule=data)

@@ -15,11 +15,12 @@ from thermal2visible.models.discriminator import (
     layer_outputs,
     patch_layers,
 )
-from thermal2visible.models.generator import UNetGenerator, as_tested
+from thermal2visible.models.generator import as_tested
+from thermal2visible.models.generators.unet import UNetGenerator
 from thermal2visible.models.networks import GENERATORS
 from thermal2visible.models.payloads import load_generator, load_recognizer, save_generator
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.models.resnet import ResidualBlock, ResnetGenerator
+from thermal2visible.models.generators.resnet import ResidualBlock, ResnetGenerator
 
 
 def count(model: nn.Module) -> int:

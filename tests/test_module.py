@@ -22,6 +22,7 @@ from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
 from thermal2visible.training.losses import adversarial_loss, feature_matching, gan_loss
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, linear_decay, scaled_lr
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training import resume
 from thermal2visible.training.resume import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
@@ -219,7 +220,7 @@ def test_a_run_with_channels_last_auto_trains_in_the_layout_auto_picks(amx, monk
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": amx})
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     train = tiny_train(precision="bf16-mixed", channels_last="auto")
-    module = Pix2Pix(TINY_MODEL, train, SIZE, 1, 3)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), train)
     before = weights(module)
     trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader())
@@ -266,7 +267,7 @@ def test_fp16_loss_scaling_goes_through_the_precision_plugin(rule):
     """16-mixed with the project's GradScaler (forced on CPU here): backward sees the scaled loss, the step unscales,
     and the scale is updated once an iteration, from both networks' checks (growth_interval 1: one doubling; an
     update after each optimizer step, Lightning's default, would double it twice)."""
-    module = ScaleProbe(TINY_MODEL, tiny_train(update_rule=rule), SIZE, 1, 3)
+    module = ScaleProbe(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(update_rule=rule))
     module.ratios = []
     scaler = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
     trainer = build_trainer(
@@ -299,7 +300,7 @@ def test_generator_steps_with_its_true_gradient_while_the_loss_scale_grows(rule)
     """growth_interval 1: the scale doubles after every iteration, never between D's step and G's, so G's gradients
     (scaled before D's step under the simultaneous rule) reach G's step unscaled."""
     train = tiny_train(update_rule=rule, lambda_l1=1.0)  # L1 x 100 x 2^13 would overflow fp16
-    module = GeneratorStepProbe(TINY_MODEL, train, SIZE, 1, 3)
+    module = GeneratorStepProbe(*build_networks(TINY_MODEL, SIZE, 1, 3), train)
     scaler = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
     build_trainer(tiny_train(), precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]).fit(
         module, train_dataloaders=loader()
@@ -312,7 +313,7 @@ def test_generator_steps_with_its_true_gradient_while_the_loss_scale_grows(rule)
 
 @pytest.mark.parametrize("rule", RULES)
 def test_non_finite_losses_skip_the_step_then_stop_the_run(rule):
-    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=1, update_rule=rule), SIZE, 1, 3)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_bad_steps=1, update_rule=rule))
     before = weights(module)
     trainer = build_trainer(tiny_train(max_bad_steps=1))
     with pytest.raises(TrainingDiverged, match="2 steps with a non-finite loss.*max_bad_steps = 1"):
@@ -326,7 +327,7 @@ def test_non_finite_losses_skip_the_step_then_stop_the_run(rule):
 @pytest.mark.parametrize("norm", ["batch", "none"])  # none: no statistics, nothing for a simultaneous step to undo
 def test_a_bad_step_is_skipped_and_training_goes_on(rule, norm):
     train = tiny_train(max_bad_steps=5, update_rule=rule)
-    module = Pix2Pix(dataclasses.replace(TINY_MODEL, norm=norm), train, SIZE, 1, 3)
+    module = Pix2Pix(*build_networks(dataclasses.replace(TINY_MODEL, norm=norm), SIZE, 1, 3), train)
     trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
     assert module.bad_steps == 1 and math.isfinite(trainer.callback_metrics["loss_g"].item())
@@ -340,11 +341,11 @@ def resumed(module: Pix2Pix, checkpoint, **overrides) -> Trainer:
 
 
 def test_the_bad_step_budget_is_not_reset_by_a_resume(tmp_path):
-    module = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_bad_steps=5))
     trainer = build_trainer(tiny_train(max_bad_steps=5), callbacks=[ModelCheckpoint(tmp_path, "last")])
     trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
     assert module.bad_steps == 1
-    again = Pix2Pix(TINY_MODEL, tiny_train(max_bad_steps=5), SIZE, 1, 3)
+    again = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_bad_steps=5))
     resumed(again, tmp_path / "last.ckpt")
     assert again.bad_steps == 1  # train.max_bad_steps counts over the whole run, across resumes
 
@@ -357,12 +358,12 @@ def test_the_loss_scale_survives_a_resume(tmp_path):
 
     grown = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
     build_trainer(tiny_train(), callbacks=[ModelCheckpoint(tmp_path, "last")], **fp16(grown)).fit(
-        Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), train_dataloaders=loader()
+        Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train()), train_dataloaders=loader()
     )
     reached = grown.get_scale()
     assert reached > 2.0**10  # it grew (growth_interval 1): a fresh scaler would start lower
     fresh = OncePerIterationScaler("cpu", init_scale=2.0**10, growth_interval=1)
-    resumed(Pix2Pix(TINY_MODEL, tiny_train(), SIZE, 1, 3), tmp_path / "last.ckpt", **fp16(fresh))
+    resumed(Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train()), tmp_path / "last.ckpt", **fp16(fresh))
     assert fresh.get_scale() == reached
 
 
@@ -375,11 +376,8 @@ def test_validation_scores_are_fp32_scores_of_the_saved_weights_under_bf16_mixed
         tiny_cache, 4, shipped("loader", num_workers=0, pin_memory=False, preload=True, jitter=True)
     )
     module = Pix2Pix(
-        TINY_MODEL,
+        *build_networks(TINY_MODEL, data.manifest["image_size"], data.thermal_channels, data.visible_channels),
         tiny_train(precision="bf16-mixed"),
-        data.manifest["image_size"],
-        data.thermal_channels,
-        data.visible_channels,
     )
     trainer = build_trainer(tiny_train(precision="bf16-mixed"), limit_train_batches=2)
     trainer.fit(module, datamodule=data)
@@ -413,7 +411,9 @@ class PoisonedGeneratorStep(Pix2Pix):
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("poison", ["loss", "gradient"])
 def test_a_non_finite_generator_step_undoes_the_discriminator_step_before_it(poison, rule):
-    module = PoisonedGeneratorStep(TINY_MODEL, tiny_train(max_bad_steps=5, update_rule=rule), SIZE, 1, 3)
+    module = PoisonedGeneratorStep(
+        *build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_bad_steps=5, update_rule=rule)
+    )
     module.poison = poison
     before = weights(module)
     build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=1).fit(module, train_dataloaders=loader())
@@ -442,7 +442,7 @@ class PoisonedThirdStep(Pix2Pix):
 
 @pytest.mark.parametrize("rule", RULES)
 def test_a_non_finite_step_after_good_ones_puts_back_weights_statistics_and_adam_moments(rule):
-    module = PoisonedThirdStep(TINY_MODEL, tiny_train(max_bad_steps=5, update_rule=rule), SIZE, 1, 3)
+    module = PoisonedThirdStep(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_bad_steps=5, update_rule=rule))
     build_trainer(tiny_train(max_bad_steps=5), limit_train_batches=3).fit(module, train_dataloaders=loader(count=6))
     assert module.bad_steps == 1
     assert [name for name, value in module.state_dict().items() if not torch.equal(value, module.before[name])] == []
@@ -456,14 +456,14 @@ def test_a_non_finite_step_after_good_ones_puts_back_weights_statistics_and_adam
 def test_identity_loss_uses_a_frozen_recognizer():
     recognizer = IdentityRecognizer(3, 2, width=4).eval().requires_grad_(False)
     frozen = weights(recognizer)
-    module = Pix2Pix(TINY_MODEL, tiny_train(lambda_id=1.0), SIZE, 1, 3, recognizer=recognizer)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(lambda_id=1.0), recognizer)
     trainer = build_trainer(tiny_train(lambda_id=1.0))
     trainer.fit(module, train_dataloaders=loader())
     assert not module.recognizer.training  # Lightning's train() did not wake it
     assert all(torch.equal(frozen[name], value) for name, value in weights(module.recognizer).items())
     assert trainer.callback_metrics["loss_id"].item() > 0
     with pytest.raises(ValueError, match="lambda_id"):
-        Pix2Pix(TINY_MODEL, tiny_train(lambda_id=1.0), SIZE, 1, 3)
+        Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(lambda_id=1.0))
 
 
 PIX2PIXHD = shipped("model", generator="resnet", ngf=4, ndf=4, norm="batch", dropout=0.5, discriminator_scales=2)
@@ -471,7 +471,7 @@ PIX2PIXHD = shipped("model", generator="resnet", ngf=4, ndf=4, norm="batch", dro
 
 def test_resnet_with_multi_scale_d_and_feature_matching_trains_in_bf16_with_channels_last():
     train = tiny_train(precision="bf16-mixed", channels_last=True, lambda_feat=10.0)
-    module = Pix2Pix(PIX2PIXHD, train, 32, 1, 3)
+    module = Pix2Pix(*build_networks(PIX2PIXHD, 32, 1, 3), train)
     before = weights(module)
     trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader(size=32))
@@ -501,7 +501,7 @@ def test_feature_matching_of_a_perfect_generator_is_zero(rule, precision):
     Lightning's autocast caches no casts (cache_enabled=False); a cache would keep the bf16 copies of D's weights
     made before its step for the real pair's no-grad forward, and this test fails when it is switched on."""
     train = tiny_train(lambda_feat=1.0, update_rule=rule, precision=precision)
-    module = Pix2Pix(TINY_MODEL, train, SIZE, 3, 3)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 3, 3), train)
     module.generator = Echo()
     pairs = [
         {"thermal": image, "visible": image.clone(), "identity": torch.tensor(0)}
@@ -528,7 +528,9 @@ def test_discriminator_forwards_per_step(rule, lambda_feat, forwards):
     """alternating: the D step's real and generated pairs, then the generated pair again for G's loss against the
     updated D (feature matching adds the real pair through that updated D). simultaneous: the real and the
     generated pair once, for both losses."""
-    module = CountedForwards(TINY_MODEL, tiny_train(lambda_feat=lambda_feat, update_rule=rule), SIZE, 1, 3)
+    module = CountedForwards(
+        *build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(lambda_feat=lambda_feat, update_rule=rule)
+    )
     build_trainer(tiny_train(), limit_train_batches=2).fit(module, train_dataloaders=loader())
     assert module.forwards == 2 * forwards
 
@@ -579,7 +581,7 @@ def test_update_rules_take_the_steps_of_their_reference_code():
     model = dataclasses.replace(TINY_MODEL, dropout=0.0)
     references = {}
     for rule, reference_step in REFERENCES.items():
-        module = Pix2Pix(model, dataclasses.replace(train, update_rule=rule), SIZE, 1, 3)
+        module = Pix2Pix(*build_networks(model, SIZE, 1, 3), dataclasses.replace(train, update_rule=rule))
         G, D = copy.deepcopy(module.generator), PatchDiscriminator(4, model.ndf, model.norm, patch_layers(SIZE))
         D.load_state_dict(module.discriminator.state_dict())
         build_trainer(train).fit(module, train_dataloaders=loader())
@@ -600,7 +602,7 @@ def test_update_rules_take_the_steps_of_their_reference_code():
 
 def test_learning_rates_decay_linearly_at_the_end():
     train = tiny_train(max_epochs=3, lr_decay_epochs=2, lr_g=1e-3)
-    module = Pix2Pix(TINY_MODEL, train, SIZE, 1, 3)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), train)
     trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader())
     assert trainer.callback_metrics["lr"].item() == pytest.approx(1e-3 / 3)  # epoch 3 of 3: 1/3 of the rate

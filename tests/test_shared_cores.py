@@ -15,6 +15,7 @@ from lightning.pytorch import Callback
 
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.training.module import Pix2Pix
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.shared_cores import TURNS
 from thermal2visible.training.trainer import build_trainer
 
@@ -43,7 +44,7 @@ def test_a_training_step_waits_while_another_run_holds_the_cores(tiny_cache, tin
     held.wait()
     train = dataclasses.replace(tiny_params.train, max_epochs=1, min_epochs=1, accelerator="cpu")
     data = PairedDataModule(tiny_cache, train.batch_size, tiny_params.loader)
-    module = Pix2Pix(tiny_params.model, train, data.manifest["image_size"], 1, 3)
+    module = Pix2Pix(*build_networks(tiny_params.model, data.manifest["image_size"], 1, 3), train)
     steps = StepEnds()
     build_trainer(train, callbacks=[steps], limit_val_batches=0).fit(module, datamodule=data)
     other.join()

@@ -8,9 +8,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
-from thermal2visible.models.generator import UNetGenerator
+from thermal2visible.models.generators.unet import UNetGenerator
 from thermal2visible.models.small_convs import SmallConvsAsMatmul, conv2d_as_matmul, conv_transpose2d_as_matmul
 from thermal2visible.training.module import Pix2Pix
+from thermal2visible.models.networks import build_networks
 from thermal2visible.training.trainer import build_trainer
 from test_module import SIZE, TINY_MODEL, loader, tiny_train
 
@@ -71,7 +72,9 @@ def test_a_training_run_with_small_convs_as_matmuls_takes_the_same_steps():
     every U-Net convolution at 4 px or under as a matmul: the same weights, up to summation order."""
     torch.manual_seed(0)
     runs = {
-        max_side: Pix2Pix(TINY_MODEL, tiny_train(max_epochs=2, small_convs_as_matmul=max_side), SIZE, 1, 3)
+        max_side: Pix2Pix(
+            *build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_epochs=2, small_convs_as_matmul=max_side)
+        )
         for max_side in (0, 4)
     }
     runs[4].load_state_dict(runs[0].state_dict())

@@ -23,6 +23,7 @@ import torch
 from thermal2visible.cli import add_overrides
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.errors import ConfigError
+from thermal2visible.models.networks import generator_class
 from thermal2visible.training.precision import resolve_accelerator
 
 MLPROJECT_USAGE = 'the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"'
@@ -35,8 +36,11 @@ def dvc_command(stage: str, settings: list[str], queue: bool = False, name: str 
 
 
 def refuse_unrunnable(settings: list[str]) -> None:
-    """ConfigError when params.yaml with `settings` is invalid or needs devices this machine does not have."""
-    train = load_params(overrides=settings).train
+    """ConfigError when params.yaml with `settings` is invalid, names a generator that is not there or does not take
+    the image size, or needs devices this machine does not have."""
+    params = load_params(overrides=settings)
+    generator_class(params.model, params.preprocess.image_size)
+    train = params.train
     if resolve_accelerator(train.accelerator) == "gpu" and train.devices > torch.cuda.device_count():
         raise ConfigError(
             f"train.devices: {train.devices} GPUs per node, but this machine has {torch.cuda.device_count()}"

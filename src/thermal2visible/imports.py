@@ -1,11 +1,15 @@
 """The package files a script runs: itself and every `thermal2visible` module it imports, transitively (function-level
-imports too), read from the source with `ast` rather than by importing it. What a DVC stage depends on
+imports too, and the modules of a package found with `package_modules`), read from the source with `ast` rather than
+by importing it. What a DVC stage depends on
 (thermal2visible.dev.stage_deps) and what a registered model packs (inference.serving) are derived from it."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 from pathlib import Path
+from types import ModuleType
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -18,9 +22,28 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+def package_modules(package: str) -> list[ModuleType]:
+    """Every module of `package` (a dotted name), imported: how code finds the parts a folder holds (the generator
+    architectures) without a list of them. `import_closure` follows such a call as it follows an import."""
+    folder = _module_file(package).parent
+    return [importlib.import_module(f"{package}.{name}") for _, name, _ in pkgutil.iter_modules([str(folder)])]
+
+
+def _submodules(package: str) -> set[str]:
+    folder = _module_file(package).parent
+    return {f"{package}.{name}" for _, name, _ in pkgutil.iter_modules([str(folder)])}
+
+
 def _imported_modules(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        called = getattr(node, "func", None)
+        if (
+            isinstance(node, ast.Call)
+            and getattr(called, "id", getattr(called, "attr", None)) == package_modules.__name__
+        ):
+            package = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+            names |= {package, *_submodules(package)} if isinstance(package, str) else set()
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

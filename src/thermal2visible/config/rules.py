@@ -10,18 +10,8 @@ if TYPE_CHECKING:
 
 def check(params: Params) -> None:
     """ValueError naming the key to change where two keys do not fit together (one key's range is its own, in
-    schema.py)."""
+    schema.py; the generator's own size rule is its module's, checked where the network is built)."""
     size, m = params.preprocess.image_size, params.model
-    if m.generator == "unet" and size & (size - 1):
-        raise ValueError(
-            f"preprocess.image_size: {size} must be a power of two >= 16 (the U-Net halves it down to 1; "
-            "model.generator: resnet takes any multiple of 4)"
-        )
-    if m.generator == "resnet" and size % 4:
-        raise ValueError(
-            f"preprocess.image_size: {size} must be a multiple of 4 for model.generator: resnet "
-            "(it halves the image twice and doubles it back)"
-        )
     if size >> (m.discriminator_scales - 1) < 16:
         raise ValueError(
             f"model.discriminator_scales: {m.discriminator_scales} scales of a {size} px image "

@@ -102,7 +102,7 @@ class LoaderConfig:
 
 @dataclass(frozen=True, config=SCHEMA)
 class ModelConfig:
-    generator: Literal["unet", "resnet"] = defines_weights(before="unet")
+    generator: str = defines_weights(before="unet")  # a module of models/generators/ (models/networks.py)
     ngf: int = defines_weights()
     ndf: int = defines_weights()
     discriminator_scales: Literal[1, 2, 3] = defines_weights(before=1)

@@ -1,13 +1,10 @@
-"""The pix2pix U-Net generator: thermal (B,Ct,S,S) in [-1,1] -> visible (B,Cv,S,S) in [-1,1].
-
-log2(S) stride-2 encoder levels take the image down to 1x1; each decoder level doubles it back and
-concatenates the encoder output of the same size (the skip connections). At 256 px, ngf 64, batch norm and
-RGB in/out this is exactly the network of the pix2pix paper (54,413,955 parameters).
+"""What every generator shares: norms, dropout drawn the same in any memory layout, pix2pix's initialisation, block
+recomputation, the arguments saved with its weights, and the test mode it is run in (`as_tested`). The generators
+themselves are the modules of models/generators/, one architecture each (models/networks.py finds them).
 """
 
 from __future__ import annotations
 
-import math
 import typing
 from contextlib import contextmanager, nullcontext
 
@@ -18,8 +15,6 @@ from torch.utils.checkpoint import checkpoint
 
 from thermal2visible.config.schema import TrainConfig
 from thermal2visible.models.small_convs import ACTIVE_SIDE, small_convs_as_matmul
-
-DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
 
 
 def make_norm(kind: str, channels: int) -> nn.Module:
@@ -114,64 +109,6 @@ def generator_config(in_channels: int, out_channels: int, image_size: int, ngf: 
         "norm": norm,
         "dropout": dropout,
     }
-
-
-class UNetGenerator(nn.Module):
-    kind = "unet"  # model.generator
-
-    def __init__(
-        self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
-    ):
-        super().__init__()
-        levels = int(math.log2(image_size))
-        if image_size < 16 or 2**levels != image_size:
-            raise ValueError(f"image_size {image_size} must be a power of two >= 16")
-        self.recompute = recompute
-        self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
-        # Batch norm has its own shift, so the convolutions before it need no bias (as in pix2pix).
-        bias = norm != "batch"
-        width = [ngf * min(2**level, 8) for level in range(levels)]
-
-        self.encoder = nn.ModuleList([nn.Conv2d(in_channels, ngf, 4, 2, 1, bias=bias)])
-        for level in range(1, levels):
-            innermost = level == levels - 1
-            self.encoder.append(
-                nn.Sequential(
-                    nn.LeakyReLU(0.2),
-                    nn.Conv2d(width[level - 1], width[level], 4, 2, 1, bias=bias),
-                    nn.Identity() if innermost else make_norm(norm, width[level]),  # a 1x1 map has nothing to normalise
-                )
-            )
-
-        # decoder[level] maps the level's input (skip + upsampled, or the bottleneck alone) to width[level - 1].
-        self.decoder = nn.ModuleList(
-            [nn.Sequential(nn.ReLU(), nn.ConvTranspose2d(2 * ngf, out_channels, 4, 2, 1), nn.Tanh())]
-        )
-        for level in range(1, levels):
-            innermost = level == levels - 1
-            blocks = [
-                nn.ReLU(),
-                nn.ConvTranspose2d(width[level] * (1 if innermost else 2), width[level - 1], 4, 2, 1, bias=bias),
-                make_norm(norm, width[level - 1]),
-            ]
-            if level >= levels - DROPOUT_LEVELS and dropout > 0:
-                blocks.append(LayoutIndependentDropout(dropout))
-            self.decoder.append(nn.Sequential(*blocks))
-        init_weights(self)
-
-    def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return run_block(block, x, self.recompute)
-
-    def forward(self, thermal: torch.Tensor) -> torch.Tensor:
-        skips = []
-        x = thermal
-        for block in self.encoder:
-            x = self._run(block, x)
-            skips.append(x)
-        y = self._run(self.decoder[-1], skips.pop())
-        for block in reversed(self.decoder[:-1]):
-            y = self._run(block, torch.cat([skips.pop(), dense_gradient(y)], dim=1))
-        return y
 
 
 TEST_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["test_mode"])  # train.test_mode's choices

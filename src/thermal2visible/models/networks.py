@@ -1,14 +1,47 @@
-"""Which generator class model.generator names, and rebuilding one from what a payload saved of it."""
+"""The networks a model section builds: the generator model.generator names (every architecture models/generators/
+holds, found there rather than listed) and the PatchGAN; and rebuilding a generator from what a payload saved of it."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from thermal2visible.config.schema import ModelConfig
 from thermal2visible.config.stored import added_later
-from thermal2visible.models.generator import UNetGenerator
-from thermal2visible.models.resnet import ResnetGenerator
+from thermal2visible.errors import ConfigError
+from thermal2visible.imports import package_modules
+from thermal2visible.models.discriminator import MultiScaleDiscriminator
 
-GENERATORS: dict[str, type[nn.Module]] = {network.kind: network for network in (UNetGenerator, ResnetGenerator)}
+GENERATORS: dict[str, type[nn.Module]] = {
+    network.kind: network
+    for module in package_modules("thermal2visible.models.generators")
+    for network in vars(module).values()
+    if isinstance(network, type) and issubclass(network, nn.Module) and "kind" in vars(network)
+}
+
+
+def generator_class(model: ModelConfig, image_size: int) -> type[nn.Module]:
+    """The class model.generator names, checked to take `image_size` (preprocess.image_size); a ConfigError naming
+    the key otherwise."""
+    if model.generator not in GENERATORS:
+        raise ConfigError(f"model.generator: {model.generator!r} is not one of {sorted(GENERATORS)}")
+    why_not = GENERATORS[model.generator].size_rule(image_size)
+    if why_not:
+        raise ConfigError(f"preprocess.image_size: {why_not} (model.generator: {model.generator})")
+    return GENERATORS[model.generator]
+
+
+def build_networks(
+    model: ModelConfig, image_size: int, thermal_channels: int, visible_channels: int
+) -> tuple[nn.Module, nn.Module]:
+    """The generator model.generator names and the (multi-scale) PatchGAN, initialised in that order, for
+    `image_size` squares: what training/module.Pix2Pix trains."""
+    generator = generator_class(model, image_size)(
+        thermal_channels, visible_channels, image_size, model.ngf, model.norm, model.dropout, model.recompute
+    )
+    discriminator = MultiScaleDiscriminator(
+        thermal_channels + visible_channels, model.ndf, model.norm, image_size, model.discriminator_scales
+    )
+    return generator, discriminator
 
 
 def saved_config(generator: nn.Module) -> dict:

@@ -23,12 +23,10 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from thermal2visible.config.schema import ModelConfig, TrainConfig
+from thermal2visible.config.schema import TrainConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.metrics import image_scores, score_means, to_unit
-from thermal2visible.models.discriminator import MultiScaleDiscriminator
 from thermal2visible.models.generator import as_tested
-from thermal2visible.models.networks import GENERATORS
 from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
 from thermal2visible.training.precision import OncePerIterationScaler, resolve_channels_last
@@ -66,13 +64,14 @@ def frozen(network: nn.Module):
 
 
 class Pix2Pix(LightningModule):
+    """Trains `generator` against `discriminator` (built by models.networks.build_networks, or any pair of the same
+    shape): the training step, validation scores, optimizers and their schedules, per train settings."""
+
     def __init__(
         self,
-        model: ModelConfig,
+        generator: nn.Module,
+        discriminator: nn.Module,
         train: TrainConfig,
-        image_size: int,
-        thermal_channels: int,
-        visible_channels: int,
         recognizer: nn.Module | None = None,
     ):
         super().__init__()
@@ -80,12 +79,8 @@ class Pix2Pix(LightningModule):
             raise ValueError("train.lambda_id > 0 needs the identity recognizer")
         self.automatic_optimization = False
         self.cfg = train
-        self.generator = GENERATORS[model.generator](
-            thermal_channels, visible_channels, image_size, model.ngf, model.norm, model.dropout, model.recompute
-        )
-        self.discriminator = MultiScaleDiscriminator(
-            thermal_channels + visible_channels, model.ndf, model.norm, image_size, model.discriminator_scales
-        )
+        self.generator = generator
+        self.discriminator = discriminator
         self.recognizer = recognizer if train.lambda_id > 0 else None
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0

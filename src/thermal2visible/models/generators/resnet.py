@@ -49,12 +49,18 @@ class ResidualBlock(nn.Module):
 class ResnetGenerator(nn.Module):
     kind = "resnet"  # model.generator
 
+    @staticmethod
+    def size_rule(image_size: int) -> str | None:
+        if image_size < 16 or image_size % 4:
+            return f"{image_size} must be a multiple of 4 >= 16 for the ResNet (it halves the image twice and back)"
+        return None
+
     def __init__(
         self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
     ):
         super().__init__()
-        if image_size < 16 or image_size % 4:
-            raise ValueError(f"image_size {image_size} must be a multiple of 4 >= 16 (two halvings and back)")
+        if self.size_rule(image_size):
+            raise ValueError(f"image_size {self.size_rule(image_size)}")
         self.recompute = recompute
         self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
         bias = norm != "batch"  # batch norm has its own shift (as in the public code)

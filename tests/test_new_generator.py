@@ -1,0 +1,93 @@
+"""A new generator architecture is one module in models/generators/ and its params: dropped into a copy of the package,
+with no other file changed, it is found by its kind, trains through the train stage, exports with ONNX parity and is
+served."""
+
+import base64
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from shipped import shipped
+from thermal2visible.data.images import read_image
+from thermal2visible.imports import PACKAGE
+from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments
+
+pytestmark = pytest.mark.slow  # train and export stages in subprocesses
+REPO = PACKAGE.parents[1]
+TWO_CONVOLUTIONS = '''"""Two 3x3 convolutions: the smallest generator there is."""
+
+from torch import nn
+
+from thermal2visible.models.generator import generator_config, init_weights
+
+
+class TwoConvolutions(nn.Module):
+    kind = "two_convs"
+
+    @staticmethod
+    def size_rule(image_size: int) -> str | None:
+        return None if image_size % 2 == 0 else f"{image_size} must be even"
+
+    def __init__(self, in_channels, out_channels, image_size, ngf, norm, dropout, recompute):
+        super().__init__()
+        self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
+        self.layers = nn.Sequential(
+            nn.Conv2d(in_channels, ngf, 3, padding=1), nn.ReLU(), nn.Conv2d(ngf, out_channels, 3, padding=1), nn.Tanh()
+        )
+        init_weights(self)
+
+    def forward(self, thermal):
+        return self.layers(thermal)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_generator_module_dropped_into_the_package_trains_exports_and_serves(tmp_path, tiny_cache, write_params):
+    source = tmp_path / "src"
+    shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
+    (source / PACKAGE.name / "models" / "generators" / "two_convs.py").write_text(TWO_CONVOLUTIONS)
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "cache").symlink_to(tiny_cache)
+    write_params(project, "model.generator=two_convs", "early_stop.window=1")
+    env = os.environ | {"PYTHONPATH": str(source), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    for stage in ("train.py", "export.py"):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "pipelines" / stage)], cwd=project, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+    trained = subprocess.run(  # the payload names its kind; only the copy with the module can rebuild it
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch; print(torch.load(sys.argv[1], weights_only=True)['model'])",
+            str(project / "models" / "generator.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "'generator': 'two_convs'" in trained.stdout
+    assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
+
+    limits = ServedLimits.of(shipped("serve"))
+    with pyfunc_arguments(project / "models" / "generator.onnx", limits) as arguments:
+        mlflow.pyfunc.save_model(str(tmp_path / "pyfunc"), **arguments)
+    served = mlflow.pyfunc.load_model(str(tmp_path / "pyfunc"))
+    thermal = tiny_cache.parent / "raw" / "thermal"
+    face = read_image(sorted(sorted(thermal.iterdir())[0].iterdir())[0], 10**6)
+    buffer = io.BytesIO()
+    Image.fromarray(face).save(buffer, format="PNG")
+    reply = served.predict(pd.DataFrame({IMAGE: [base64.b64encode(buffer.getvalue()).decode()]}))[IMAGE][0]
+    visible = np.asarray(Image.open(io.BytesIO(base64.b64decode(reply))))
+    assert visible.shape[:2] == face.shape[:2] and visible.std() > 0
