@@ -52,7 +52,7 @@ def tiny_project(folder: Path, baseline: bool = True) -> Path:
     """A fresh git + DVC repo of this project's pipeline with the tiny preset, committed; with `baseline` its pipeline
     also run and committed, as `make demo` leaves a user's clone."""
     folder.mkdir(parents=True)
-    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", "pyproject.toml"):
+    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", ".dvcignore", "pyproject.toml"):
         shutil.copy(PROJECT / name, folder / name)
     for name in ("pipelines", "src", "params"):
         shutil.copytree(PROJECT / name, folder / name, ignore=shutil.ignore_patterns("__pycache__"))

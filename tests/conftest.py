@@ -107,7 +107,7 @@ def make_project(repo: Path) -> Path:
     """A fresh git + DVC repo at `repo` holding the project's pipeline files and tiny params, as a user's clone
     would."""
     repo.mkdir(parents=True)
-    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore"):
+    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(REPO / name, repo / name)
     for name in ("pipelines", "src", "params", "examples"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))

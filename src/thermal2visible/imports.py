@@ -34,16 +34,25 @@ def _submodules(package: str) -> set[str]:
     return {f"{package}.{name}" for _, name, _ in pkgutil.iter_modules([str(folder)])}
 
 
-def _imported_modules(path: Path) -> set[str]:
-    names = set()
+def discovered_folders(path: Path) -> set[Path]:
+    """The package folders whose modules `path` imports with `package_modules` (so any module added there is one of
+    its imports too)."""
+    folders = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         called = getattr(node, "func", None)
-        if (
-            isinstance(node, ast.Call)
-            and getattr(called, "id", getattr(called, "attr", None)) == package_modules.__name__
-        ):
-            package = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
-            names |= {package, *_submodules(package)} if isinstance(package, str) else set()
+        if isinstance(node, ast.Call) and getattr(called, "id", getattr(called, "attr", None)) == "package_modules":
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                folders.add(_module_file(node.args[0].value).parent)
+    return folders
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names = {
+        module
+        for folder in discovered_folders(path)
+        for module in _submodules(".".join(folder.relative_to(PACKAGE.parent).parts))
+    }
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

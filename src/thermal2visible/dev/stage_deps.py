@@ -15,7 +15,7 @@ import sys
 
 import yaml
 
-from thermal2visible.imports import PACKAGE, import_closure
+from thermal2visible.imports import PACKAGE, discovered_folders, import_closure
 
 ROOT = PACKAGE.parents[1]
 CODE = ("pipelines/", "src/")
@@ -23,8 +23,12 @@ DEP = re.compile(r"^      - (?P<path>[^\s#]+)(?P<comment>\s+#.*)?$")
 
 
 def code_deps(command: str) -> list[str]:
-    script = ROOT / command.split()[1]
-    return sorted(str(path.relative_to(ROOT)) for path in import_closure(script))
+    """The script's import closure; a folder whose modules the code finds by itself (imports.package_modules) is one
+    dep, the folder, so a module added there is a dep without any change here."""
+    closure = import_closure(ROOT / command.split()[1])
+    folders = {folder for path in closure for folder in discovered_folders(path)}
+    files = {path for path in closure if not any(folder in path.parents for folder in folders)}
+    return sorted(str(path.relative_to(ROOT)) for path in files | folders)
 
 
 def derived(text: str) -> str:
