@@ -27,10 +27,10 @@ TWO_CONVOLUTIONS = '''"""Two 3x3 convolutions: the smallest generator there is."
 
 from torch import nn
 
-from thermal2visible.models.generator import generator_config, init_weights
+from thermal2visible.models.generator import Generator, init_weights
 
 
-class TwoConvolutions(nn.Module):
+class TwoConvolutions(Generator):
     kind = "two_convs"
 
     @staticmethod
@@ -38,8 +38,7 @@ class TwoConvolutions(nn.Module):
         return None if image_size % 2 == 0 else f"{image_size} must be even"
 
     def __init__(self, in_channels, out_channels, image_size, ngf, norm, dropout, recompute):
-        super().__init__()
-        self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
+        super().__init__(in_channels, out_channels, image_size, ngf, norm, dropout, recompute)
         self.layers = nn.Sequential(
             nn.Conv2d(in_channels, ngf, 3, padding=1), nn.ReLU(), nn.Conv2d(ngf, out_channels, 3, padding=1), nn.Tanh()
         )

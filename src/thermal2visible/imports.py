@@ -1,7 +1,7 @@
 """The package files a script runs: itself and every `thermal2visible` module it imports, transitively (function-level
 imports too, and the modules of a package found with `package_modules`), read from the source with `ast` rather than
-by importing it. What a DVC stage depends on
-(thermal2visible.dev.stage_deps) and what a registered model packs (inference.serving) are derived from it."""
+by importing it. What a DVC stage depends on (thermal2visible.dev.stage_deps) and what a registered model packs
+(inference.serving) are derived from it."""
 
 from __future__ import annotations
 
@@ -22,37 +22,40 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+def _submodules(package: str) -> list[str]:
+    folder = _module_file(package).parent
+    return [f"{package}.{name}" for _, name, _ in pkgutil.iter_modules([str(folder)])]
+
+
 def package_modules(package: str) -> list[ModuleType]:
     """Every module of `package` (a dotted name), imported: how code finds the parts a folder holds (the generator
     architectures) without a list of them. `import_closure` follows such a call as it follows an import."""
-    folder = _module_file(package).parent
-    return [importlib.import_module(f"{package}.{name}") for _, name, _ in pkgutil.iter_modules([str(folder)])]
+    return [importlib.import_module(name) for name in _submodules(package)]
 
 
-def _submodules(package: str) -> set[str]:
-    folder = _module_file(package).parent
-    return {f"{package}.{name}" for _, name, _ in pkgutil.iter_modules([str(folder)])}
+def _discovered_packages(tree: ast.AST) -> set[str]:
+    """The packages a parsed module imports whole with `package_modules("...")`."""
+    return {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == package_modules.__name__
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    }
 
 
 def discovered_folders(path: Path) -> set[Path]:
     """The package folders whose modules `path` imports with `package_modules` (so any module added there is one of
     its imports too)."""
-    folders = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        called = getattr(node, "func", None)
-        if isinstance(node, ast.Call) and getattr(called, "id", getattr(called, "attr", None)) == "package_modules":
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                folders.add(_module_file(node.args[0].value).parent)
-    return folders
+    return {_module_file(package).parent for package in _discovered_packages(ast.parse(path.read_text(), str(path)))}
 
 
 def _imported_modules(path: Path) -> set[str]:
-    names = {
-        module
-        for folder in discovered_folders(path)
-        for module in _submodules(".".join(folder.relative_to(PACKAGE.parent).parts))
-    }
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    names = {module for package in _discovered_packages(tree) for module in _submodules(package)}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

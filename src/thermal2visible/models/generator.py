@@ -97,18 +97,35 @@ def recomputed_as_run(block: nn.Module, small_convs_side: int):
         yield
 
 
-def generator_config(in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float) -> dict:
-    """What models.networks.build_generator needs to rebuild a generator (plain types: saved with the weights)."""
-    if in_channels not in (1, 3):
-        raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
-    return {
-        "in_channels": in_channels,
-        "out_channels": out_channels,
-        "image_size": image_size,
-        "ngf": ngf,
-        "norm": norm,
-        "dropout": dropout,
-    }
+class Generator(nn.Module):
+    """What every generator architecture (a module of models/generators/) is: an nn.Module with a `kind` (the value
+    of model.generator that picks it) and a `size_rule` (why an image size does not fit it, or None), built from the
+    arguments every generator takes; `config` is what is saved with its weights to rebuild it
+    (models.networks.build_generator)."""
+
+    kind: str
+
+    @staticmethod
+    def size_rule(image_size: int) -> str | None:
+        raise NotImplementedError
+
+    def __init__(
+        self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
+    ):
+        super().__init__()
+        if self.size_rule(image_size):
+            raise ValueError(f"image_size {self.size_rule(image_size)}")
+        if in_channels not in (1, 3):
+            raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
+        self.recompute = recompute
+        self.config = {
+            "in_channels": in_channels,
+            "out_channels": out_channels,
+            "image_size": image_size,
+            "ngf": ngf,
+            "norm": norm,
+            "dropout": dropout,
+        }
 
 
 TEST_MODES = typing.get_args(typing.get_type_hints(TrainConfig)["test_mode"])  # train.test_mode's choices

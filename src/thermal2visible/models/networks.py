@@ -10,16 +10,17 @@ from thermal2visible.config.stored import added_later
 from thermal2visible.errors import ConfigError
 from thermal2visible.imports import package_modules
 from thermal2visible.models.discriminator import MultiScaleDiscriminator
+from thermal2visible.models.generator import Generator
 
-GENERATORS: dict[str, type[nn.Module]] = {
+GENERATORS: dict[str, type[Generator]] = {
     network.kind: network
     for module in package_modules("thermal2visible.models.generators")
     for network in vars(module).values()
-    if isinstance(network, type) and issubclass(network, nn.Module) and "kind" in vars(network)
+    if isinstance(network, type) and issubclass(network, Generator) and "kind" in vars(network)
 }
 
 
-def generator_class(model: ModelConfig, image_size: int) -> type[nn.Module]:
+def generator_class(model: ModelConfig, image_size: int) -> type[Generator]:
     """The class model.generator names, checked to take `image_size` (preprocess.image_size); a ConfigError naming
     the key otherwise."""
     if model.generator not in GENERATORS:

@@ -19,7 +19,7 @@ from torch import nn
 
 from thermal2visible.models.generator import (
     LayoutIndependentDropout,
-    generator_config,
+    Generator,
     init_weights,
     make_norm,
     run_block,
@@ -46,7 +46,7 @@ class ResidualBlock(nn.Module):
         return x + self.layers(x)
 
 
-class ResnetGenerator(nn.Module):
+class ResnetGenerator(Generator):
     kind = "resnet"  # model.generator
 
     @staticmethod
@@ -58,11 +58,7 @@ class ResnetGenerator(nn.Module):
     def __init__(
         self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
     ):
-        super().__init__()
-        if self.size_rule(image_size):
-            raise ValueError(f"image_size {self.size_rule(image_size)}")
-        self.recompute = recompute
-        self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
+        super().__init__(in_channels, out_channels, image_size, ngf, norm, dropout, recompute)
         bias = norm != "batch"  # batch norm has its own shift (as in the public code)
         stages = [
             nn.Sequential(

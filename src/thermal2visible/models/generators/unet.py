@@ -15,7 +15,7 @@ from torch import nn
 from thermal2visible.models.generator import (
     LayoutIndependentDropout,
     dense_gradient,
-    generator_config,
+    Generator,
     init_weights,
     make_norm,
     run_block,
@@ -24,7 +24,7 @@ from thermal2visible.models.generator import (
 DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (the paper's CD512-CD1024-CD1024)
 
 
-class UNetGenerator(nn.Module):
+class UNetGenerator(Generator):
     kind = "unet"  # model.generator
 
     @staticmethod
@@ -36,12 +36,8 @@ class UNetGenerator(nn.Module):
     def __init__(
         self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
     ):
-        super().__init__()
-        if self.size_rule(image_size):
-            raise ValueError(f"image_size {self.size_rule(image_size)}")
+        super().__init__(in_channels, out_channels, image_size, ngf, norm, dropout, recompute)
         levels = int(math.log2(image_size))
-        self.recompute = recompute
-        self.config = generator_config(in_channels, out_channels, image_size, ngf, norm, dropout)
         # Batch norm has its own shift, so the convolutions before it need no bias (as in pix2pix).
         bias = norm != "batch"
         width = [ngf * min(2**level, 8) for level in range(levels)]
