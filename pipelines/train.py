@@ -45,7 +45,7 @@ from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
 from thermal2visible.training.progress import EpochLine
-from thermal2visible.training.precision import resolve_accelerator, resolve_channels_last, resolve_precision
+from thermal2visible.training.precision import RunDevice, run_device
 from thermal2visible.training.resume import (
     ResumeAgreement,
     checkpointing,
@@ -121,21 +121,21 @@ def main(params: Params) -> None:
     refuse_unworkable(params, data.manifest)
     recognizer, recognizer_hash = identity_recognizer(params, data.identities)
     cache_hash = data_hash(CACHE)
-    fingerprint = run_fingerprint(params, cache_hash, recognizer_hash)
+    device = run_device(t)
+    fingerprint = run_fingerprint(params, cache_hash, recognizer_hash, device)
     with one_training_at_a_time(CHECKPOINTS, fingerprint):
-        train(params, data, recognizer, cache_hash, fingerprint)
+        train(params, device, data, recognizer, cache_hash, fingerprint)
 
 
-def train(params: Params, data: PairedDataModule, recognizer, cache_hash: str, fingerprint: str) -> None:
+def train(
+    params: Params, device: RunDevice, data: PairedDataModule, recognizer, cache_hash: str, fingerprint: str
+) -> None:
     """The training itself, on the process that holds checkpoints/ (and its DDP peers)."""
     t = params.train
     resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST_GENERATOR])
     if rank_zero_only.rank == 0:
         close_abandoned_runs(keep=run_id)
 
-    accelerator = resolve_accelerator(t.accelerator)
-    precision = resolve_precision(t.precision, accelerator)
-    channels_last = resolve_channels_last(t.channels_last, accelerator, precision)
     logger = start_run(
         params,
         "train",
@@ -145,10 +145,9 @@ def train(params: Params, data: PairedDataModule, recognizer, cache_hash: str, f
         dataset_context="training",
         tags={
             "fingerprint": fingerprint,
-            "device": accelerator,
-            "precision": precision,
-            # what `auto` picked: the two layouts' weights differ by float rounding
-            "memory_format": "channels_last" if channels_last else "nchw",
+            "device": device.accelerator,
+            "precision": device.precision,
+            "memory_format": device.memory_format,
             "world_size": str(world_size(t)),
         },
     )
@@ -172,6 +171,7 @@ def train(params: Params, data: PairedDataModule, recognizer, cache_hash: str, f
     )
     trainer = build_trainer(
         t,
+        device,
         logger=logger,
         callbacks=[
             stop,

@@ -1,14 +1,15 @@
 """The training data's CUDA paths on a real GPU: the training split preloaded onto the GPU a few rows at a time (or
 refused naming the GPU's free memory), or read per batch; a short 16-mixed training from each ends with the same
-weights (deterministic kernels), and a GPU run takes no turn for the CPU's cores. Skipped where torch sees no CUDA
-GPU; self-contained (no conftest fixtures), so it runs with the GPU image's own packages:
-`python -m pytest --noconftest tests/test_gpu.py`."""
+weights (deterministic kernels), a channels-last run keeps that layout, and a GPU run takes no turn for the CPU's
+cores. Skipped where torch sees no CUDA GPU; self-contained (no conftest fixtures), so it runs with the GPU image's own
+packages: `python -m pytest --noconftest tests/test_gpu.py`."""
 
 import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.data.cache import build_cache
@@ -35,9 +36,17 @@ def cache(tmp_path_factory) -> Path:
     return work / "cache"
 
 
-def trained(cache: Path, preload: bool) -> tuple[Pix2Pix, PairedDataModule, TakeTurns, dict]:
+def trained(
+    cache: Path, preload: bool, channels_last: bool = False, callbacks: tuple[Callback, ...] = ()
+) -> tuple[Pix2Pix, PairedDataModule, TakeTurns, dict]:
     train = dataclasses.replace(
-        TINY.train, accelerator="gpu", precision="16-mixed", deterministic=True, max_epochs=2, min_epochs=2
+        TINY.train,
+        accelerator="gpu",
+        precision="16-mixed",
+        channels_last=channels_last,
+        deterministic=True,
+        max_epochs=2,
+        min_epochs=2,
     )
     torch.manual_seed(0)
     data = PairedDataModule(cache, train.batch_size, dataclasses.replace(TINY.loader, preload=preload))
@@ -45,7 +54,7 @@ def trained(cache: Path, preload: bool) -> tuple[Pix2Pix, PairedDataModule, Take
         *build_networks(TINY.model, data.manifest["image_size"], data.thermal_channels, data.visible_channels), train
     )
     turns = TakeTurns()
-    trainer = build_trainer(train, callbacks=[turns])
+    trainer = build_trainer(train, callbacks=[turns, *callbacks])
     trainer.fit(module, datamodule=data)
     return module, data, turns, dict(trainer.callback_metrics)
 
@@ -75,3 +84,26 @@ def test_16_mixed_training_on_the_gpu_is_the_same_preloaded_or_read_per_batch(ca
     assert data.splits["train"].tensors is None
     for (name, weight), (_, other) in zip(preloaded.generator.named_parameters(), read.generator.named_parameters()):
         torch.testing.assert_close(weight, other, rtol=0, atol=0, msg=name)
+
+
+class Layouts(Callback):
+    """After every training step: whether every convolution's weights are on the GPU in channels-last, and whether
+    the step's thermal batch was."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        kernels = [weight for weight in pl_module.parameters() if weight.dim() == 4]
+        weights = bool(kernels) and all(
+            weight.is_cuda and weight.is_contiguous(memory_format=torch.channels_last) for weight in kernels
+        )
+        self.seen.append((weights, batch["thermal"].is_contiguous(memory_format=torch.channels_last)))
+
+
+def test_a_channels_last_16_mixed_run_on_the_gpu_trains_in_that_layout(cache):
+    """params/paper_gpu.yaml's layout: weights and batches channels-last in every 16-mixed step on the GPU."""
+    layouts = Layouts()
+    _, _, _, metrics = trained(cache, preload=True, channels_last=True, callbacks=[layouts])
+    assert layouts.seen and all(weights and batch for weights, batch in layouts.seen)
+    assert all(torch.isfinite(value).all() for value in metrics.values())

@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.rank_zero import WarningCache
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
@@ -26,7 +25,7 @@ from thermal2visible.models.networks import build_networks
 from thermal2visible.training import resume
 from thermal2visible.training.resume import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
-from thermal2visible.training.precision import OncePerIterationScaler, precision_options, resolve_precision
+from thermal2visible.training.precision import OncePerIterationScaler, RunDevice, resolve_precision, run_device
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch
 from shipped import SHIPPED, shipped
 
@@ -163,7 +162,6 @@ def test_native_bf16_from_the_cpu_features(features, in_use, native, monkeypatch
 @pytest.mark.parametrize("native_bf16, cpu_mixed", [(True, "bf16-mixed"), (False, "32-true")])
 def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch):
     monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native_bf16)
-    monkeypatch.setattr(precision_module, "NOTICES", WarningCache())
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         assert resolve_precision("auto", "gpu") == "16-mixed"
@@ -181,18 +179,23 @@ def test_precision_mapping(native_bf16, cpu_mixed, monkeypatch):
     assert build_trainer(tiny_train(precision="16-mixed")).precision == resolve_precision("auto", "cpu")
 
 
-def test_a_run_says_its_precision_notice_once(monkeypatch):
-    """A run resolves its precision for its fingerprint, its tags and its trainer: the notice comes once, not thrice."""
-    monkeypatch.setattr(precision_module, "NOTICES", WarningCache())
+def test_a_run_resolves_its_device_once_and_says_its_precision_notice_once(monkeypatch):
+    """The train stage resolves its RunDevice once and hands it to its fingerprint and its trainer, which take it as
+    it is: the notice comes once, and neither resolves again."""
     params = dataclasses.replace(SHIPPED, train=tiny_train(precision="16-mixed", max_epochs=SHIPPED.early_stop.window))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        run_fingerprint(params, "data")
-        resolve_precision(params.train.precision, "cpu")
-        build_trainer(params.train)
+        device = run_device(params.train)
+        monkeypatch.setattr(precision_module, "resolve_precision", None)  # a second resolution would fail
+        fingerprint = run_fingerprint(params, "data", device=device)
+        trainer = build_trainer(params.train, device)
     assert [str(w.message) for w in said if "16-mixed" in str(w.message)] == [
-        f"train.precision 16-mixed is for GPUs; using {resolve_precision('auto', 'cpu')} on this CPU"
+        f"train.precision 16-mixed is for GPUs; using {device.precision} on this CPU"
     ]
+    monkeypatch.undo()
+    assert trainer.precision == device.precision != "16-mixed"
+    named = dataclasses.replace(params, train=dataclasses.replace(params.train, precision=device.precision))
+    assert fingerprint == run_fingerprint(named, "data")
 
 
 @pytest.mark.parametrize(
@@ -216,7 +219,7 @@ def test_channels_last_auto_only_where_amx_runs_bf16(features, in_use, device, p
 
 @pytest.mark.parametrize("amx", [True, False])
 def test_a_run_with_channels_last_auto_trains_in_the_layout_auto_picks(amx, monkeypatch):
-    """The layout is chosen once the trainer knows device and precision, before the optimizers and DDP exist."""
+    """The layout `auto` picks for the run's device and precision, taken before the optimizers and DDP exist."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": amx})
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     train = tiny_train(precision="bf16-mixed", channels_last="auto")
@@ -348,6 +351,13 @@ def test_the_bad_step_budget_is_not_reset_by_a_resume(tmp_path):
     again = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_bad_steps=5))
     resumed(again, tmp_path / "last.ckpt")
     assert again.bad_steps == 1  # train.max_bad_steps counts over the whole run, across resumes
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    del checkpoint["bad_steps"]  # as checkpoints were written before the count was kept
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    older = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(max_bad_steps=5))
+    older.bad_steps = 4
+    resumed(older, tmp_path / "older.ckpt")
+    assert older.bad_steps == 0
 
 
 def test_the_loss_scale_survives_a_resume(tmp_path):
@@ -688,9 +698,10 @@ def test_32_true_on_a_gpu_turns_tf32_off_and_mixed_precision_on():
     """cuDNN takes TF32 by default: 32-true must say fp32 and mean it."""
     defaults = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
-        assert precision_options("32-true", "gpu") == {"precision": "32-true"}
+        assert RunDevice("gpu", "32-true", False).trainer_options() == {"precision": "32-true", "plugins": []}
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-        assert isinstance(precision_options("16-mixed", "gpu")["plugins"][0].scaler, OncePerIterationScaler)
+        fp16 = RunDevice("gpu", "16-mixed", False).trainer_options()
+        assert isinstance(fp16["plugins"][0].scaler, OncePerIterationScaler)
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = defaults

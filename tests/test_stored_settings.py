@@ -76,3 +76,20 @@ def test_a_generator_payload_with_an_unknown_test_mode_is_refused_naming_the_fil
     torch.save(payload, tmp_path / "generator.pt")
     with pytest.raises(PipelineError, match=re.escape(f"{tmp_path / 'generator.pt'}: stored test_mode 'bogus'")):
         load_generator(tmp_path / "generator.pt")
+
+
+def test_a_payload_written_before_its_later_keys_loads_as_the_generator_it_was(exported, tmp_path):
+    """A payload without model.generator and test_mode (what the first versions wrote) is the U-Net, tested in
+    eval mode: it rebuilds the same network and translates as the current file does."""
+    payload = torch.load(exported.with_name("generator.pt"), weights_only=True)
+    assert payload["model"]["generator"] == "unet"
+    old = {key: value for key, value in payload.items() if key != "test_mode"}
+    old["model"] = {key: value for key, value in payload["model"].items() if key != "generator"}
+    torch.save(old, tmp_path / "generator.pt")
+    current, _ = load_generator(exported.with_name("generator.pt"))
+    upgraded, stored = load_generator(tmp_path / "generator.pt")
+    assert stored["test_mode"] == "eval" and stored["model"] == payload["model"]
+    size = payload["model"]["image_size"]
+    thermal = torch.rand(1, payload["model"]["in_channels"], size, size) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(upgraded(thermal), current(thermal), rtol=0, atol=0)

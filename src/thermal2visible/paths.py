@@ -30,6 +30,7 @@ CHECKPOINTS = Path("checkpoints")
 BEST_GENERATOR = CHECKPOINTS / "best_generator.pt"
 PIPELINES = Path("pipelines")
 PARAMS = Path("params.yaml")
+DVC_YAML = Path("dvc.yaml")  # the stages, with the params sections each reads
 PRESETS = Path("params")
 PAPER_GPU = PRESETS / "paper_gpu.yaml"  # the paper's GPU setup
 CAMERA = PRESETS / "camera.yaml"  # the built-in camera scene

@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import typing
 from pathlib import Path
 
+import pydantic
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from thermal2visible.config.messages import reason
-from thermal2visible.config.schema import Params
+from thermal2visible.config.schema import SCHEMA, Params
 from thermal2visible.errors import ConfigError
-from thermal2visible.paths import PARAMS
+from thermal2visible.paths import DVC_YAML, PARAMS
 
 
 def apply_override(raw: dict, override: str) -> None:
@@ -54,13 +56,45 @@ def preset_overrides(path: str | Path) -> list[str]:
     return [f"{section}.{key}={text(value)}" for section, keys in raw.items() for key, value in (keys or {}).items()]
 
 
-def load_params(path: str | Path = PARAMS, overrides: typing.Sequence[str] = ()) -> Params:
+def stage_sections(pipeline: Path = DVC_YAML) -> set[str]:
+    """The params.yaml sections that the stages of `pipeline` (the project's dvc.yaml) read: their `params:`."""
+    try:
+        stages = yaml.safe_load(pipeline.read_text()).get("stages", {})
+    except (FileNotFoundError, AttributeError, yaml.YAMLError):
+        return set()  # outside a DVC project (or a broken dvc.yaml, which DVC reports itself) every section is ours
+    return {
+        entry.split(".")[0]
+        for stage in stages.values()
+        for entry in (stage.get("params") or [] if isinstance(stage, dict) else [])
+        if isinstance(entry, str)
+    }
+
+
+def extended(own_sections: dict[str, type]) -> type:
+    """Params with a stage's own sections (each a schema dataclass, as in config/schema.py) beside the shared ones."""
+    if not own_sections:
+        return Params
+    fields = [(name, schema) for name, schema in own_sections.items()]
+    return pydantic.dataclasses.dataclass(
+        dataclasses.make_dataclass("StageParams", fields, bases=(Params,), frozen=True), frozen=True, config=SCHEMA
+    )
+
+
+def load_params(
+    path: str | Path = PARAMS, overrides: typing.Sequence[str] = (), own_sections: dict[str, type] | None = None
+) -> Params:
+    """params.yaml with `overrides`, checked. `own_sections`: the sections a stage declares itself (cli.run_stage);
+    a section that another stage of dvc.yaml reads is that stage's to check, and is left out here."""
     path = Path(path)
     raw = _read_sections(path, "params")
     for override in overrides:
         apply_override(raw, override)
+    schema = extended(own_sections or {})
+    for section in (raw.keys() - typing.get_type_hints(schema).keys()) & stage_sections():
+        del raw[section]
     try:  # YAML's values, read by JSON's rules (dates and other YAML-only values become strings)
-        params = TypeAdapter(Params).validate_json(json.dumps(raw, default=str))
+        params = TypeAdapter(schema).validate_json(json.dumps(raw, default=str))
     except ValidationError as error:
-        raise ConfigError("\n".join(dict.fromkeys(reason(problem) for problem in error.errors()))) from None
+        problems = (reason(problem, schema=schema) for problem in error.errors())
+        raise ConfigError("\n".join(dict.fromkeys(problems))) from None
     return params

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typing
 
-from thermal2visible.config.schema import SECTIONS, Params
+from thermal2visible.config.schema import Params
 
 
-def _annotation(location: tuple) -> object:
-    """The type the schema declares at `location` (section, key), or None where it declares nothing."""
-    hint: object = Params
+def _annotation(location: tuple, schema: type) -> object:
+    """The type `schema` declares at `location` (section, key), or None where it declares nothing."""
+    hint: object = schema
     for name in location:
         if name not in getattr(hint, "__dataclass_fields__", {}):
             return None
@@ -21,19 +21,20 @@ BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}  # a Field constraint
 MISSING_FROM_PARAMS = "params.yaml holds a value for every key; the shipped params.yaml has them all"
 
 
-def reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAMS) -> str:
-    """One pydantic error -> `section.key: why`, in the words a params.yaml reader expects; `missing` says why a key
-    that is absent should be there."""
+def reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAMS, schema: type = Params) -> str:
+    """One pydantic error of `schema` (Params, or a stage's extension of it) -> `section.key: why`, in the words a
+    params.yaml reader expects; `missing` says why a key that is absent should be there."""
+    sections = typing.get_type_hints(schema)
     location = within + tuple(part for part in problem["loc"] if isinstance(part, str))
-    if typing.get_origin(_annotation(location[:-1])) is typing.Union:
+    if typing.get_origin(_annotation(location[:-1], schema)) is typing.Union:
         location = location[:-1]  # pydantic names the member of a union that failed: the key is what a reader needs
     inside_a_list = any(isinstance(part, int) for part in problem["loc"])
     where, value, kind = ".".join(location), problem["input"], problem["type"]
-    annotation = _annotation(location)
+    annotation = _annotation(location, schema)
     if kind == "unexpected_keyword_argument" and len(location) == 1:
-        return f"{where}: unknown section (known: {', '.join(SECTIONS)})"
+        return f"{where}: unknown section (known: {', '.join(sections)})"
     if kind == "unexpected_keyword_argument":
-        return f"{where}: unknown key (known keys: {', '.join(sorted(SECTIONS[location[0]].__dataclass_fields__))})"
+        return f"{where}: unknown key (known keys: {', '.join(sorted(sections[location[0]].__dataclass_fields__))})"
     if kind == "dataclass_type":
         return f"{where}: expected a mapping of keys, got {value!r}"
     if kind == "missing" and not inside_a_list:

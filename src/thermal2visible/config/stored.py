@@ -1,6 +1,6 @@
-"""Settings stored with a model or cache (a payload, an ONNX file's metadata, a cache manifest) by this or an older
-version: read back checked by type and range, a key added since at the value those files were made with. The one
-place old files are upgraded."""
+"""Files written by this or an older version (a generator payload, a training checkpoint, the settings stored with a
+model or cache: an ONNX file's metadata, a cache manifest): read back with each key added since at the value those
+files were made with, settings checked by type and range. The one place old files are upgraded."""
 
 from __future__ import annotations
 
@@ -55,3 +55,20 @@ def stored_section(section: str, settings: dict):
         raise ConfigError(
             "\n".join(dict.fromkeys(f"stored {reason(problem, (section,), missing)}" for problem in error.errors()))
         ) from None
+
+
+# Keys a file gained after its first version, at the value every older file of its kind had.
+PAYLOAD_ADDED_LATER = {"test_mode": "eval"}  # a generator payload: all were tested in eval mode before the key
+CHECKPOINT_ADDED_LATER = {"bad_steps": 0}  # a training checkpoint: train.max_bad_steps counted from 0 then
+
+
+def upgraded_payload(payload: dict) -> dict:
+    """A generator payload (models/payloads.py) as this version reads it; its `model` section names model.generator
+    (one saved before that key existed is of the kind all were then)."""
+    kind = {"generator": added_later()[("model", "generator")]}
+    return PAYLOAD_ADDED_LATER | payload | {"model": kind | payload["model"]}
+
+
+def upgraded_checkpoint(checkpoint: dict) -> dict:
+    """The keys of a training checkpoint that Pix2Pix keeps itself, as this version reads them."""
+    return CHECKPOINT_ADDED_LATER | {key: checkpoint[key] for key in CHECKPOINT_ADDED_LATER if key in checkpoint}

@@ -158,7 +158,7 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         self.session = onnx_session(context.artifacts["onnx"])
-        self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # None: packed before it was recorded
+        self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # optional: pyfunc_arguments
         settings = exported_settings(self.session, context.artifacts["onnx"])
         self.preprocess = settings.preprocess
         self.in_channels = settings.in_channels

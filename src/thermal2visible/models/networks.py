@@ -6,7 +6,6 @@ from __future__ import annotations
 from torch import nn
 
 from thermal2visible.config.schema import ModelConfig
-from thermal2visible.config.stored import added_later
 from thermal2visible.errors import ConfigError
 from thermal2visible.imports import package_modules
 from thermal2visible.models.discriminator import MultiScaleDiscriminator
@@ -51,9 +50,9 @@ def saved_config(generator: nn.Module) -> dict:
 
 
 def build_generator(config: dict) -> nn.Module:
-    """The generator of a `saved_config`; one saved before model.generator existed is of the kind all were then."""
+    """The generator of a `saved_config` (as config.stored.upgraded_payload reads it)."""
     arguments = dict(config)
-    kind = arguments.pop("generator", added_later()[("model", "generator")])
+    kind = arguments.pop("generator")
     if kind not in GENERATORS:
         raise ValueError(f"generator {kind!r} is not one of {sorted(GENERATORS)}")
     return GENERATORS[kind](**arguments, recompute=False)  # recompute saves training memory only

@@ -3,10 +3,9 @@
 
 GeneratorPayload  models/generator.pt and checkpoints/best_generator.pt: written by PSNR early stopping, read by
                   evaluate and export (translate and serving run its ONNX export). {"state_dict", "model"
-                  (models.networks.saved_config: which generator and its arguments; a payload from before
-                  model.generator has no `generator` and is a U-Net), "test_mode" (absent before train.test_mode:
-                  eval), + GeneratorMetadata: epoch, psnr, psnr_smoothed, preprocess (the cache's), fingerprint (the
-                  run's), data_hash}.
+                  (models.networks.saved_config: which generator and its arguments), "test_mode", +
+                  GeneratorMetadata: epoch, psnr, psnr_smoothed, preprocess (the cache's), fingerprint (the
+                  run's), data_hash}. An older payload is read as config.stored.upgraded_payload says.
 RecognizerPayload models/recognizer.pt: written by the train_recognizer stage, read (frozen) by train and evaluate.
                   {"identities", "state_dict", "model" (IdentityRecognizer's arguments)}; data without identity
                   labels gets {"identities": []} alone.
@@ -23,6 +22,7 @@ from typing import TypedDict
 import torch
 from torch import nn
 
+from thermal2visible.config.stored import upgraded_payload
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.generator import TEST_MODES
 from thermal2visible.models.networks import build_generator, saved_config
@@ -79,10 +79,9 @@ def load_generator(path: str | Path) -> tuple[nn.Module, GeneratorPayload]:
     if not path.is_file():
         raise PipelineError(f"{path}: no trained generator here (run the train stage first)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = upgraded_payload(torch.load(path, map_location="cpu", weights_only=True))
         generator = build_generator(payload["model"])
         generator.load_state_dict(payload["state_dict"])
-        payload.setdefault("test_mode", "eval")  # payloads from before train.test_mode were all tested in eval
     except (KeyError, TypeError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise PipelineError(f"{path}: not a generator saved by the train stage ({error})") from None
     if payload["test_mode"] not in TEST_MODES:

@@ -24,12 +24,13 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from thermal2visible.config.schema import TrainConfig
+from thermal2visible.config.stored import upgraded_checkpoint
 from thermal2visible.errors import PipelineError
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
-from thermal2visible.training.precision import OncePerIterationScaler, resolve_channels_last
+from thermal2visible.training.precision import OncePerIterationScaler
 
 
 class TrainingDiverged(PipelineError):
@@ -91,18 +92,9 @@ class Pix2Pix(LightningModule):
         # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
         # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
         self.replicas: dict[str, nn.Module] = {}
-        self.layout = torch.contiguous_format
         if train.compile:
             self.generator.compile()
             self.discriminator.compile()
-
-    def setup(self, stage: str) -> None:
-        # `auto` depends on the device and the resolved precision, which the trainer knows; optimizers and DDP wrappers
-        # are made after this hook, so they see the weights in their final layout.
-        device, precision = self.trainer.strategy.root_device.type, self.trainer.precision
-        if resolve_channels_last(self.cfg.channels_last, device, precision):
-            self.layout = torch.channels_last
-            self.to(memory_format=self.layout)
 
     def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Give G and D a DDP wrapper each, so each backward all-reduces the gradients of its own network only."""
@@ -113,12 +105,6 @@ class Pix2Pix(LightningModule):
         if self.recognizer is not None:
             self.recognizer.eval()  # a frozen judge: its batch-norm statistics must not follow generated images
         return self
-
-    def _images(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        return (
-            batch["thermal"].contiguous(memory_format=self.layout),
-            batch["visible"].contiguous(memory_format=self.layout),
-        )
 
     def _undoable(self, opt_d) -> list[torch.Tensor]:
         """What a step may change before it knows it is finite: batch-norm statistics, and under the alternating rule
@@ -181,7 +167,7 @@ class Pix2Pix(LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         opt_g, opt_d = self.optimizers()
-        thermal, real = self._images(batch)
+        thermal, real = batch["thermal"], batch["visible"]
         snapshot = self._snapshot(opt_d)
         step = self._simultaneous if self.cfg.update_rule == "simultaneous" else self._alternating
         with small_convs_as_matmul(self.cfg.small_convs_as_matmul):
@@ -290,7 +276,7 @@ class Pix2Pix(LightningModule):
         checkpoint["bad_steps"] = self.bad_steps  # train.max_bad_steps counts over the whole run, across resumes
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.bad_steps = checkpoint.get("bad_steps", 0)  # 0 in checkpoints from before the count was kept
+        self.bad_steps = upgraded_checkpoint(checkpoint)["bad_steps"]
 
     def on_train_epoch_start(self) -> None:
         self.images_seen = 0
@@ -318,7 +304,7 @@ class Pix2Pix(LightningModule):
                 torch.distributed.broadcast(buffer, src=0)
 
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        thermal, real = self._images(batch)
+        thermal, real = batch["thermal"], batch["visible"]
         # Scored as evaluate scores: the fp32 weights that are saved, outside autocast (bf16 cancels SSIM's
         # variance terms: 0.28 against 0.72 on the demo's own model), so val_psnr picks the model it measures.
         with torch.autocast(self.device.type, enabled=False), as_tested(self.generator, self.cfg.test_mode):

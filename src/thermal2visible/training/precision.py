@@ -1,16 +1,18 @@
 """Which device, precision and memory layout a run takes: `auto` resolved on this machine. The resolved precision,
-not the word `auto`, defines a run's weights (resume.run_fingerprint), so one module owns the resolution."""
+not the word `auto`, defines a run's weights (resume.run_fingerprint), so a run resolves its `RunDevice` once and
+passes it to its fingerprint, its tags and its Trainer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from lightning.fabric.utilities.rank_zero import WarningCache
+from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import rank_zero_warn
 
+from thermal2visible.config.schema import TrainConfig
 from thermal2visible.errors import ConfigError
-
-# A run resolves its precision more than once (fingerprint, tags, trainer) and in every DDP rank: say each thing once.
-NOTICES = WarningCache()
 
 
 def resolve_accelerator(accelerator: str) -> str:
@@ -50,10 +52,10 @@ def resolve_precision(precision: str, accelerator: str) -> str:
         return "16-mixed" if precision == "auto" else precision
     cpu_mixed = "bf16-mixed" if cpu_has_native_bf16() else "32-true"
     if precision == "16-mixed":
-        NOTICES.warn(f"train.precision 16-mixed is for GPUs; using {cpu_mixed} on this CPU")
+        rank_zero_warn(f"train.precision 16-mixed is for GPUs; using {cpu_mixed} on this CPU")
         return cpu_mixed
     if precision == "bf16-mixed" and cpu_mixed == "32-true":
-        NOTICES.warn(
+        rank_zero_warn(
             "this CPU has no bf16 instructions: train.precision bf16-mixed runs emulated, several times "
             "slower than 32-true (train.precision: auto picks the faster)"
         )
@@ -96,15 +98,57 @@ class OncePerIterationScaler(torch.amp.GradScaler):
             self.stepped = False
 
 
-def precision_options(precision: str, accelerator: str) -> dict:
-    """The Trainer's precision arguments for a resolved `precision`: 16-mixed with a `OncePerIterationScaler`. Sets
-    TF32 explicitly: off for 32-true, whose name promises fp32 (cuDNN's convolutions take TF32 by default), on for
-    the mixed precisions, whose fp32 parts need no more."""
-    if accelerator != "cpu":
-        fp32 = precision == "32-true"
-        torch.backends.cuda.matmul.allow_tf32 = not fp32
-        torch.backends.cudnn.allow_tf32 = not fp32
-    if precision != "16-mixed":
-        return {"precision": precision}
-    device = "cpu" if accelerator == "cpu" else "cuda"
-    return {"plugins": [MixedPrecision("16-mixed", device, scaler=OncePerIterationScaler(device))]}
+@dataclass(frozen=True)
+class RunDevice:
+    """What train.accelerator, train.precision and train.channels_last mean for a run on this machine."""
+
+    accelerator: str  # cpu, gpu, or another name Lightning knows
+    precision: str  # what Lightning gets: 32-true, 16-mixed or bf16-mixed
+    channels_last: bool
+
+    @property
+    def memory_format(self) -> str:
+        """The tag a run's MLflow record names its layout by (the two layouts' weights differ by float rounding)."""
+        return "channels_last" if self.channels_last else "nchw"
+
+    def trainer_options(self) -> dict:
+        """The Trainer's precision arguments: 16-mixed as a plugin with a `OncePerIterationScaler`. Sets TF32
+        explicitly: off for 32-true, whose name promises fp32 (cuDNN's convolutions take TF32 by default), on for
+        the mixed precisions, whose fp32 parts need no more."""
+        if self.accelerator != "cpu":
+            fp32 = self.precision == "32-true"
+            torch.backends.cuda.matmul.allow_tf32 = not fp32
+            torch.backends.cudnn.allow_tf32 = not fp32
+        if self.precision != "16-mixed":
+            return {"precision": self.precision, "plugins": []}
+        device = "cpu" if self.accelerator == "cpu" else "cuda"
+        return {
+            "precision": None,
+            "plugins": [MixedPrecision("16-mixed", device, scaler=OncePerIterationScaler(device))],
+        }
+
+
+def run_device(train: TrainConfig) -> RunDevice:
+    """The `RunDevice` of `train` on this machine; says once why a named precision is not taken as asked."""
+    accelerator = resolve_accelerator(train.accelerator)
+    precision = resolve_precision(train.precision, accelerator)
+    return RunDevice(accelerator, precision, resolve_channels_last(train.channels_last, accelerator, precision))
+
+
+class ChannelsLast(Callback):
+    """Trains in the channels-last layout: the weights before the optimizers and DDP wrappers are made (which then
+    see them in their final layout), and every batch's images as they reach the step."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        pl_module.to(memory_format=torch.channels_last)
+
+    def on_train_batch_start(self, trainer, pl_module, batch: dict, batch_idx: int) -> None:
+        self._convert(batch)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch: dict, batch_idx: int, dataloader_idx: int = 0):
+        self._convert(batch)
+
+    @staticmethod
+    def _convert(batch: dict) -> None:
+        for key in ("thermal", "visible"):
+            batch[key] = batch[key].contiguous(memory_format=torch.channels_last)

@@ -53,7 +53,7 @@ from thermal2visible.config.schema import Params
 from thermal2visible.config.stored import added_later, weight_defining
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.payloads import atomic_save
-from thermal2visible.training.precision import resolve_accelerator, resolve_precision
+from thermal2visible.training.precision import RunDevice, run_device
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
 LAST = "last"  # the checkpoint after every epoch: last.ckpt
@@ -67,17 +67,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, path)
 
 
-def run_fingerprint(params: Params, data_hash: str, recognizer_hash: str | None = None) -> str:
-    """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint."""
+def run_fingerprint(
+    params: Params, data_hash: str, recognizer_hash: str | None = None, device: RunDevice | None = None
+) -> str:
+    """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint.
+    `device`: the run's resolved one (by default `run_device(params.train)`)."""
     defining = {
         section: {key: getattr(getattr(params, section), key) for key in keys}
         for section, keys in weight_defining().items()
     }
     # `auto` is hashed as what it means on this machine: a checkpoint carried to a machine where it means another
     # precision (bf16-mixed with bf16 instructions, 32-true without, 16-mixed on a GPU) starts afresh.
-    defining["train"]["precision"] = resolve_precision(
-        params.train.precision, resolve_accelerator(params.train.accelerator)
-    )
+    defining["train"]["precision"] = (device or run_device(params.train)).precision
     for (section, key), before in added_later().items():
         if defining[section][key] == before:
             del defining[section][key]

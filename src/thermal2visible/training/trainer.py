@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from thermal2visible.config.schema import Params, TrainConfig
 from thermal2visible.errors import ConfigError
 from thermal2visible.training.allocator import keep_freed_memory
-from thermal2visible.training.precision import precision_options, resolve_accelerator, resolve_precision
+from thermal2visible.training.precision import ChannelsLast, RunDevice, run_device
 from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
 from thermal2visible.cores import usable_cores
 from thermal2visible.training.shared_cores import TakeTurns
@@ -117,30 +117,36 @@ def build_strategy(train: TrainConfig, accelerator: str):
 
 
 def build_trainer(
-    train: TrainConfig, callbacks: Sequence[Callback] = (), logger: Logger | bool = False, **overrides
+    train: TrainConfig,
+    device: RunDevice | None = None,
+    callbacks: Sequence[Callback] = (),
+    logger: Logger | bool = False,
+    **overrides,
 ) -> Trainer:
-    """A Trainer for `train`, with per-rank random streams kept in its checkpoints (resume.RandomStreams);
-    `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
-    accelerator = resolve_accelerator(train.accelerator)
+    """A Trainer for `train` on `device` (a run passes the one it resolved; by default `run_device(train)`), with
+    per-rank random streams kept in its checkpoints (resume.RandomStreams); `overrides` go to Trainer as they are
+    (tests: limit_train_batches, ...)."""
+    device = device or run_device(train)
     if train.keep_freed_memory:
         keep_freed_memory()
-    if train.sync_batchnorm and accelerator == "cpu":
+    if train.sync_batchnorm and device.accelerator == "cpu":
         raise ConfigError("train.sync_batchnorm: SyncBatchNorm needs GPUs (torch raises on CPU); set it to false")
-    precision = precision_options(resolve_precision(train.precision, accelerator), accelerator)
+    precision = device.trainer_options()
+    layout = [ChannelsLast()] if device.channels_last else []
     options = dict(
-        accelerator=accelerator,
+        accelerator=device.accelerator,
         devices=train.devices,
         num_nodes=train.num_nodes,
-        strategy=build_strategy(train, accelerator),
-        precision=precision.get("precision"),
+        strategy=build_strategy(train, device.accelerator),
+        precision=precision["precision"],
         sync_batchnorm=train.sync_batchnorm,
         deterministic=train.deterministic,
         min_epochs=train.min_epochs,
         max_epochs=train.max_epochs,
         max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
-        callbacks=[*callbacks, RandomStreams(train.seed), TakeTurns()],
+        callbacks=[*layout, *callbacks, RandomStreams(train.seed), TakeTurns()],
         logger=logger,
-        plugins=[AtomicCheckpointIO(), *precision.get("plugins", [])],  # 16-mixed: its plugin, not `precision`
+        plugins=[AtomicCheckpointIO(), *precision["plugins"]],  # 16-mixed: its plugin, not `precision`
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
         num_sanity_val_steps=0,
         enable_model_summary=False,
