@@ -109,7 +109,7 @@ def make_project(repo: Path) -> Path:
     repo.mkdir(parents=True)
     for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(REPO / name, repo / name)
-    for name in ("pipelines", "src", "params", "examples"):
+    for name in ("pipelines", "src", "params", "examples", "docs"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     _write_params(repo)
     dvc = str(Path(sys.executable).with_name("dvc"))

@@ -11,6 +11,7 @@ import yaml
 
 from thermal2visible import paths
 from thermal2visible.dev.stage_deps import ROOT as REPO
+from thermal2visible.dev import docs
 from thermal2visible.dev.stage_deps import derived
 from thermal2visible.imports import import_closure
 from thermal2visible.paths import MANIFEST
@@ -62,6 +63,17 @@ def test_dvc_yaml_holds_the_code_deps_its_stages_import():
     assert derived(text) == text, "dvc.yaml's code deps are stale: run python -m thermal2visible.dev.stage_deps"
 
 
+def test_the_docs_stage_table_is_written_from_dvc_yaml():
+    """docs/pipeline.md's diagram and table come from dvc.yaml: every stage has its row, each edge is a real dep."""
+    doc, pipeline = (REPO / docs.DOC).read_text(), (REPO / "dvc.yaml").read_text()
+    assert docs.derived(doc, pipeline, (REPO / "params.yaml").read_text()) == doc, (
+        "docs/pipeline.md's stage table is stale: run python -m thermal2visible.dev.docs"
+    )
+    stages = yaml.safe_load(pipeline)["stages"]
+    assert all(f"| {name} | `{stage['cmd'].split()[1]}` |" in doc for name, stage in stages.items())
+    assert "  train --> evaluate" in doc and "  evaluate --> train" not in doc
+
+
 def test_stage_deps_follow_a_new_import_and_keep_data_deps_and_explained_extras(tmp_path, monkeypatch):
     script = REPO / "pipelines" / "export.py"
     stage = """stages:
@@ -103,6 +115,7 @@ def test_dvc_yaml_writes_where_the_code_writes():
         paths.CHECKPOINTS,
         paths.BEST_GENERATOR,
         paths.PARAMS,
+        paths.DVC_YAML,
         paths.PAPER_GPU,
         paths.CAMERA,
         paths.REGISTERED,

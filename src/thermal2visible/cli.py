@@ -35,10 +35,13 @@ def run_stage(
     main: Callable[..., object],
     description: str | None = None,
     arguments: Callable[[argparse.ArgumentParser], object] | None = None,
+    own_sections: dict[str, type] | None = None,
 ) -> None:
     """Parse `--params`, `--preset`, `--set` (and what `arguments` adds to the parser), load the params and call
     `main(params)`; with `arguments`, `main(params, args)`, where `args.settings` lists the presets' and --set's
-    `section.key=value` in the order applied. A ConfigError or PipelineError ends the process with its message."""
+    `section.key=value` in the order applied. `own_sections`: params.yaml sections only this stage reads, each with
+    its schema (a dataclass as in config/schema.py), checked with the rest and read as `params.<section>`. A
+    ConfigError or PipelineError ends the process with its message."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default=PARAMS, help=f"params file (default: {PARAMS})")
     parser.add_argument(
@@ -60,7 +63,7 @@ def run_stage(
     quiet_lightning()
     try:
         args.settings = [*(setting for preset in args.presets for setting in preset_overrides(preset)), *args.overrides]
-        params = load_params(args.params, args.settings)
+        params = load_params(args.params, args.settings, own_sections)
         main(params, args) if arguments else main(params)
     except (ConfigError, PipelineError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -41,4 +41,4 @@ STUDY_REPORTS = Path("reports/study")
 UI_SCREENSHOTS = Path("reports/ui")
 
 # What a run's code is made of: a change here (not in params.yaml or the pipeline's outputs) makes a run `git_dirty`.
-SOURCES = (Path("src"), PIPELINES, Path("dvc.yaml"), Path("pyproject.toml"), Path("MLproject"), PRESETS)
+SOURCES = (Path("src"), PIPELINES, DVC_YAML, Path("pyproject.toml"), Path("MLproject"), PRESETS)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import typing
 from pathlib import Path
@@ -74,10 +73,8 @@ def extended(own_sections: dict[str, type]) -> type:
     """Params with a stage's own sections (each a schema dataclass, as in config/schema.py) beside the shared ones."""
     if not own_sections:
         return Params
-    fields = [(name, schema) for name, schema in own_sections.items()]
-    return pydantic.dataclasses.dataclass(
-        dataclasses.make_dataclass("StageParams", fields, bases=(Params,), frozen=True), frozen=True, config=SCHEMA
-    )
+    stage_params = type("StageParams", (Params,), {"__annotations__": dict(own_sections)})
+    return pydantic.dataclasses.dataclass(stage_params, frozen=True, config=SCHEMA)
 
 
 def load_params(
