@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     synthesize = load_params(args.params, preset_overrides(args.preset)).synthesize
     session = onnx_session(args.onnx)
-    cfg = stored_section("preprocess", onnx_metadata(session)["preprocess"])
+    settings = stored_section("preprocess", onnx_metadata(session)["preprocess"])
     width = round(synthesize.resolution * synthesize.aspect)
 
     def generate(batch: np.ndarray) -> np.ndarray:
@@ -91,7 +91,7 @@ def main() -> None:
         shared = ~binary_dilation(busy != calm, iterations=GROW)
         regions = {"face": shared & face_mask(calm), "frame": shared}
         for name, thermal in (("with the room's objects", busy), ("calm", calm)):
-            translated = translate_frame(generate, thermal, cfg)
+            translated = translate_frame(generate, thermal, settings)
             for region, mask in regions.items():
                 scores[region][name].append(shared_psnr(translated, unit(truth), mask))
     psnr = {
@@ -102,8 +102,8 @@ def main() -> None:
         "command": f"python -m benchmarks.camera_calm --params {args.params} --preset {args.preset} "
         f"--onnx {args.onnx} --cache {args.cache} --report {args.report}",
         "machine_text": machine_text(),
-        "image_size": cfg.image_size,
-        "thermal_norm": cfg.thermal_norm,
+        "image_size": settings.image_size,
+        "thermal_norm": settings.thermal_norm,
         "test_frames": len(scores["frame"]["calm"]),
         "psnr_db": psnr,
         "objects_minus_calm_db": {

@@ -253,9 +253,9 @@ def synthetic_cache(root: Path, size: int, pairs: int) -> tuple[Path, Preprocess
         root / "raw",
     )
     index, _ = ingest(root / "raw", "pairs", SHIPPED.ingest)
-    cfg = synthetic_preprocess(size)
-    build_cache(index, cfg, SHIPPED.ingest.max_pixels, root / "cache", on_error="fail")
-    return root / "cache", cfg
+    settings = synthetic_preprocess(size)
+    build_cache(index, settings, SHIPPED.ingest.max_pixels, root / "cache", on_error="fail")
+    return root / "cache", settings
 
 
 def synthetic_preprocess(size: int) -> PreprocessConfig:

@@ -34,9 +34,9 @@ from thermal2visible.inference.session import onnx_metadata, onnx_session, run_o
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
 
 
-def stretched(generate, frame: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+def stretched(generate, frame: np.ndarray, settings: PreprocessConfig) -> np.ndarray:
     """The translation before full-frame: the centre square's output resized over the whole frame."""
-    square = from_model(nhwc(generate(to_model(prepare_thermal(frame, cfg))))[0])
+    square = from_model(nhwc(generate(to_model(prepare_thermal(frame, settings))))[0])
     return resize(square, (*frame.shape[:2], square.shape[2]), anti_aliasing=False)
 
 
@@ -55,20 +55,20 @@ def main() -> None:
     args = parser.parse_args()
     session = onnx_session(args.onnx)
     metadata = onnx_metadata(session)
-    cfg = stored_section("preprocess", metadata["preprocess"])
+    settings = stored_section("preprocess", metadata["preprocess"])
 
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_onnx(session, batch)
 
     methods = {
-        "pad": lambda frame: translate_frame(generate, frame, cfg, "pad"),
-        "tile": lambda frame: translate_frame(generate, frame, cfg, "tile"),
-        "stretch (before)": lambda frame: stretched(generate, frame, cfg),
+        "pad": lambda frame: translate_frame(generate, frame, settings, "pad"),
+        "tile": lambda frame: translate_frame(generate, frame, settings, "tile"),
+        "stretch (before)": lambda frame: stretched(generate, frame, settings),
     }
     pairs = list(raw_pairs(args.cache, "test"))
     report = {
         "machine_text": machine_text(),
-        "image_size": cfg.image_size,
+        "image_size": settings.image_size,
         "test_pairs": len(pairs),
         "psnr_db": {},
         "latency_ms": {},

@@ -66,7 +66,8 @@ from thermal2visible.inference.export import (
     run_torch,
 )
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
-from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.serving import IMAGE, ServedLimits  # noqa: E402
+from thermal2visible.inference.packing import pyfunc_arguments  # noqa: E402
 from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
 from thermal2visible.training.precision import cpu_has_native_bf16  # noqa: E402
 
@@ -196,14 +197,14 @@ def main() -> None:
     print(f"{machine_text()}; torch and onnxruntime on {args.threads} threads, {args.size} px", flush=True)
     with tempfile.TemporaryDirectory(prefix="t2v-inference-") as scratch:
         scratch = Path(scratch)
-        cache, cfg = synthetic_cache(scratch / "data", args.size, 40)
+        cache, settings = synthetic_cache(scratch / "data", args.size, 40)
         images = cache_to_model_input(np.load(cache / "train_thermal.npy"))
         torch.manual_seed(0)
         save_generator(
             UNetGenerator(1, 3, args.size, PAPER_MODEL.ngf, PAPER_MODEL.norm, PAPER_MODEL.dropout, recompute=False),
             scratch / "generator.pt",
             "eval",
-            preprocess=dataclasses.asdict(cfg),
+            preprocess=dataclasses.asdict(settings),
         )
         generator, payload = load_generator(scratch / "generator.pt")
         fp32, int8 = scratch / "generator.onnx", scratch / "generator.int8.onnx"

@@ -52,7 +52,12 @@ def decoding_epoch(params, batch_size: int):
     """Batches as a loader without a cache makes them: read, decode, preprocess and jitter every training pair."""
     index, manifest = json.loads(INDEX.read_text()), load_manifest(CACHE)
     train = [source for source in manifest["sources"] if source["split"] == "train"]
-    root, layout, cfg, scale = Path(index["root"]), index["layout"], params.preprocess, params.preprocess.jitter_scale
+    root, layout, settings, scale = (
+        Path(index["root"]),
+        index["layout"],
+        params.preprocess,
+        params.preprocess.jitter_scale,
+    )
     rng = np.random.default_rng(0)
 
     def epoch():
@@ -60,7 +65,9 @@ def decoding_epoch(params, batch_size: int):
         for start in range(0, len(order) - batch_size + 1, batch_size):
             rows = order[start : start + batch_size]
             raw = [read_pair(root, train[i], layout, params.ingest.max_pixels) for i in rows]
-            yield decoded_batch([(prepare_thermal(t, cfg), prepare_visible(v, t, cfg)) for t, v in raw], scale)
+            yield decoded_batch(
+                [(prepare_thermal(t, settings), prepare_visible(v, t, settings)) for t, v in raw], scale
+            )
 
     return epoch
 

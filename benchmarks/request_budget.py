@@ -29,7 +29,7 @@ import requests
 from PIL import Image
 
 from benchmarks.common import SHIPPED, add_report_option, markdown_table, result_file, result_stem, write_report
-from benchmarks.load import served_model
+from benchmarks.rest_load import served_model
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, memory_mib, model_server
 from thermal2visible.inference.serving import IMAGE
 

@@ -5,7 +5,7 @@ A training is a fresh `python -m benchmarks.shared_machine --train CACHE --epoch
 Pix2Pix and datamodule with params.yaml's settings (the demo's), validation included, no MLflow. The demo-sized
 cache is made once by the data stages' own functions. "Two at once" is the wall time until both have finished;
 its figure is that time over "alone" in the same round (a fair share of the cores is x2.0).
-The server is the project's REST server (pipelines/serve.py) of a demo-sized model, as benchmarks.load serves it;
+The server is the project's REST server (pipelines/serve.py) of a demo-sized model, as benchmarks.rest_load serves it;
 one client sends requests one after another. "Beside a training" starts a training, waits for its first step,
 sends the requests and stops the training; its figure is its p99 latency over the alone p99 of the same round.
 
@@ -39,7 +39,7 @@ from lightning.pytorch import Callback  # noqa: E402
 from benchmarks.common import SHIPPED, add_report_option, machine_text, result_file, result_stem, synthetic_cache  # noqa: E402
 from benchmarks.common import write_report  # noqa: E402
 from benchmarks.inference import request_frame  # noqa: E402
-from benchmarks.load import served_model  # noqa: E402
+from benchmarks.rest_load import served_model  # noqa: E402
 from benchmarks.rounds import measure_rounds  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.dev.servers import model_server  # noqa: E402

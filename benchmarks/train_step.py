@@ -183,16 +183,16 @@ def plain_step_flops(size: int, batches: list) -> int:
 class DecodedPairs(Dataset):
     """The uncached input pipeline: each pair read, decoded and preprocessed from its PNG files when drawn."""
 
-    def __init__(self, cache: Path, cfg: PreprocessConfig):
+    def __init__(self, cache: Path, preprocess: PreprocessConfig):
         self.sources = [s for s in load_manifest(cache)["sources"] if s["split"] == "train"]
-        self.root, self.cfg = cache.parent / "raw", cfg
+        self.root, self.preprocess = cache.parent / "raw", preprocess
 
     def __len__(self) -> int:
         return len(self.sources)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         thermal, visible = read_pair(self.root, self.sources[i], "pairs", SHIPPED.ingest.max_pixels)
-        return prepare_thermal(thermal, self.cfg), prepare_visible(visible, thermal, self.cfg)
+        return prepare_thermal(thermal, self.preprocess), prepare_visible(visible, thermal, self.preprocess)
 
 
 def jittered_batch(samples: list) -> dict:
@@ -207,13 +207,13 @@ def fit(change: dict, batch: int, size: int, data: tuple, batches: int, callback
     seed_everything(0, verbose=False)
     module = Pix2Pix(*build_networks(model_for(size), size, 1, 3), train)
     trainer = build_trainer(train, callbacks=callbacks, limit_train_batches=batches, limit_val_batches=0)
-    cache, cfg = data
+    cache, preprocess = data
     if cached:
         loader = dataclasses.replace(SHIPPED.loader, preload=True)
         trainer.fit(module, datamodule=PairedDataModule(cache, batch, loader))
     else:
         loader = DataLoader(
-            DecodedPairs(cache, cfg), batch_size=batch, shuffle=True, drop_last=True, collate_fn=jittered_batch
+            DecodedPairs(cache, preprocess), batch_size=batch, shuffle=True, drop_last=True, collate_fn=jittered_batch
         )
         trainer.fit(module, train_dataloaders=loader)
 

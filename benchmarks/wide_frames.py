@@ -54,11 +54,11 @@ LAYOUTS = {
 }
 
 
-def face_psnr(generate, cfg, thermal: np.ndarray, visible: np.ndarray, layout) -> float:
+def face_psnr(generate, settings, thermal: np.ndarray, visible: np.ndarray, layout) -> float:
     """PSNR of the face's region of the translated `layout(thermal)` against the real visible face."""
     frame = layout(thermal)
     left = (frame.shape[1] - thermal.shape[1]) // 2
-    face = translate_frame(generate, frame, cfg)[:, left : left + thermal.shape[1]]
+    face = translate_frame(generate, frame, settings)[:, left : left + thermal.shape[1]]
     return float(peak_signal_noise_ratio(unit(visible), face, data_range=1.0))
 
 
@@ -69,7 +69,7 @@ def main() -> None:
     add_report_option(parser, "wide_frames", "json")
     args = parser.parse_args()
     session = onnx_session(args.onnx)
-    cfg = stored_section("preprocess", onnx_metadata(session)["preprocess"])
+    settings = stored_section("preprocess", onnx_metadata(session)["preprocess"])
 
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_onnx(session, batch)
@@ -77,7 +77,7 @@ def main() -> None:
     pairs = list(raw_pairs(args.cache, "test"))
     psnr = {
         name: round(
-            float(np.mean([face_psnr(generate, cfg, thermal, visible, layout) for thermal, visible in pairs])), 2
+            float(np.mean([face_psnr(generate, settings, thermal, visible, layout) for thermal, visible in pairs])), 2
         )
         for name, layout in LAYOUTS.items()
     }
@@ -85,8 +85,8 @@ def main() -> None:
     report = {
         "command": f"python -m benchmarks.wide_frames --onnx {args.onnx} --cache {args.cache}",
         "machine_text": machine_text(),
-        "image_size": cfg.image_size,
-        "thermal_norm": cfg.thermal_norm,
+        "image_size": settings.image_size,
+        "thermal_norm": settings.thermal_norm,
         "test_frames": len(pairs),
         "face_psnr_db": psnr,
         "vs_face_alone_db": {name: round(value - alone, 2) for name, value in psnr.items()},

@@ -150,7 +150,7 @@ def main(params: Params) -> None:
             return run_torch(generator, batch)
 
     # the same frames at full size, in register, through the code that serves them (inference.frames.translate_frame)
-    translate = partial(translate_frame, generate, cfg=stored_section("preprocess", payload["preprocess"]))
+    translate = partial(translate_frame, generate, settings=stored_section("preprocess", payload["preprocess"]))
     results["generator"]["psnr_full_frame"] = full_frame_psnr(translate, raw_pairs(CACHE, "test"))
     training_people = set(np.load(array_file(CACHE, "train", "identity")).tolist())
     identity = identity_scores(faces, data.identities, training_people)

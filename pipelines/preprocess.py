@@ -21,11 +21,11 @@ OVERLAY_PAIRS = 4
 
 def alignment_report(manifest: dict) -> dict:
     """reports/align.json: the rig as estimated and as applied, and every pair's residual (thermal pixels)."""
-    align, cfg = manifest["align"], manifest["preprocess"]
+    align, settings = manifest["align"], manifest["preprocess"]
     residuals = [source["residual_px"] for source in manifest["sources"]]
     if align["applied"]:
         verdict = "applied: every visible frame was resampled onto its thermal partner with the estimated rig"
-    elif cfg["align"]:
+    elif settings["align"]:
         verdict = "registered already: the estimated rig moves no pixel by more than half a pixel; frames kept"
     else:
         verdict = (

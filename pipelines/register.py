@@ -60,7 +60,7 @@ class CachedTestFrames:
     served) and what a registered model trained on.
 
     `score` runs a registered model on them through the serving code (inference.frames.translate_frame);
-    `trained_on` reads the training manifest packed with a model (inference.serving.pyfunc_arguments), so the gate
+    `trained_on` reads the training manifest packed with a model (inference.packing.pyfunc_arguments), so the gate
     can leave out the frames a champion trained on when the data changed."""
 
     def __init__(self, cache: Path, max_pixels: int, max_model_pixels: int):
@@ -100,7 +100,7 @@ class CachedTestFrames:
         if not pairs:
             return math.nan, 0
         model = self._model(model_uri)
-        translate = partial(translate_frame, partial(run_onnx, model.session), cfg=model.preprocess)
+        translate = partial(translate_frame, partial(run_onnx, model.session), settings=model.preprocess)
         return full_frame_psnr(translate, pairs), len(pairs)
 
 

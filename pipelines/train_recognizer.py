@@ -53,23 +53,23 @@ def write(identities: list[str], model: IdentityRecognizer | None, metrics: dict
 
 
 def main(params: Params) -> None:
-    cfg = params.recognizer
-    data = PairedDataModule(CACHE, cfg.batch_size, params.loader, batch_key="recognizer.batch_size")
+    settings = params.recognizer
+    data = PairedDataModule(CACHE, settings.batch_size, params.loader, batch_key="recognizer.batch_size")
     identities = data.identities
     if not identities:
         write([], None, {"identities": 0, "val_accuracy": None})
         print(f"train_recognizer: {CACHE} has no identity labels; no recognizer (train.lambda_id must stay 0)")
         return
-    seed_everything(cfg.seed, workers=True, verbose=False)
-    model = IdentityRecognizer(data.visible_channels, len(identities), cfg.width)
+    seed_everything(settings.seed, workers=True, verbose=False)
+    model = IdentityRecognizer(data.visible_channels, len(identities), settings.width)
     logger = start_run(params, "train_recognizer", ("preprocess", "loader", "recognizer"), dataset_context="training")
-    task = RecognizerTask(model, len(identities), cfg.lr)
+    task = RecognizerTask(model, len(identities), settings.lr)
     # A classifier of the training people can only be checked on validation faces of those people: the split as it
     # came out decides (split_by identity holds whole people out; so does a sequence that holds one person).
     people = {split: set(np.load(array_file(CACHE, split, "identity")).tolist()) for split in ("train", "val")}
     validate = bool(people["val"]) and people["val"] <= people["train"]
     trainer = Trainer(
-        max_epochs=cfg.epochs,
+        max_epochs=settings.epochs,
         accelerator=resolve_accelerator(params.train.accelerator),
         devices=1,
         logger=logger,
@@ -90,7 +90,7 @@ def main(params: Params) -> None:
         "identities": len(identities),
         "val_accuracy": metrics.get("val_accuracy"),
         "train_accuracy": metrics.get("train_accuracy"),
-        "epochs": cfg.epochs,
+        "epochs": settings.epochs,
     }
     write(identities, model, metrics)
     log_artifact(logger, RECOGNIZER)

@@ -12,6 +12,7 @@ import yaml
 from thermal2visible import paths
 from thermal2visible.dev.stage_deps import ROOT as REPO
 from thermal2visible.dev import docs
+from thermal2visible.imports import PACKAGE
 from thermal2visible.dev.stage_deps import derived
 from thermal2visible.imports import import_closure
 from thermal2visible.paths import MANIFEST
@@ -72,6 +73,18 @@ def test_the_docs_stage_table_is_written_from_dvc_yaml():
     stages = yaml.safe_load(pipeline)["stages"]
     assert all(f"| {name} | `{stage['cmd'].split()[1]}` |" in doc for name, stage in stages.items())
     assert "  train --> evaluate" in doc and "  evaluate --> train" not in doc
+
+
+def test_the_readme_lists_every_module_of_the_package_from_its_docstring():
+    readme = (REPO / docs.README).read_text()
+    assert docs.between(readme, docs.PACKAGES_BEGIN, docs.PACKAGES_END, docs.modules_table(PACKAGE)) == readme, (
+        "README.md's module table is stale: run python -m thermal2visible.dev.docs"
+    )
+    for path in PACKAGE.rglob("*.py"):
+        if path.stem != "__init__":
+            where = path.relative_to(PACKAGE)
+            assert (f"`{where}`" if len(where.parts) == 1 else str(where.relative_to(where.parts[0]))) in readme
+    assert "| `config/` | params.yaml -> typed, validated settings:" in readme
 
 
 def test_stage_deps_follow_a_new_import_and_keep_data_deps_and_explained_extras(tmp_path, monkeypatch):

@@ -63,11 +63,11 @@ def striped(batch: np.ndarray) -> np.ndarray:
 def test_face_crop_is_pasted_back_into_its_box():
     frame = np.full((60, 90), 29_500, np.uint16)
     frame[10:30, 50:70] = 30_800  # the warm face
-    cfg = dataclasses.replace(CFG, face_crop=True, crop_margin=0.25, thermal_norm="percentile")
-    top, left, side = crop_box(frame, cfg)
+    settings = dataclasses.replace(CFG, face_crop=True, crop_margin=0.25, thermal_norm="percentile")
+    top, left, side = crop_box(frame, settings)
     assert (top, left, side) == (5, 45, 30)
-    visible = translate_frame(striped, frame, cfg)
-    face = from_model(nhwc(striped(to_model(prepare_thermal(frame, cfg))))[0])  # the face as training saw it
+    visible = translate_frame(striped, frame, settings)
+    face = from_model(nhwc(striped(to_model(prepare_thermal(frame, settings))))[0])  # the face as training saw it
     np.testing.assert_allclose(visible[top : top + side, left : left + side], resize(face, (side, side, 3)), atol=1e-5)
     stripes = visible[:, :, 0] == 0  # the full frame around it went through at the frame's own scale
     assert stripes[:, :left].any() and not np.array_equal(
@@ -90,12 +90,12 @@ def test_hot_and_cold_beside_the_face_do_not_rescale_it():
     (the centre square) the model sees exactly what training saw (`prepare_thermal`); the strips clip around it.
     (Normalising over the whole frame stretched the face by the strips' values instead.)"""
     frame = np.hstack([np.full((16, 16), 65_000, np.uint16), scene(16, 16), np.full((16, 16), 1_000, np.uint16)])
-    cfg = dataclasses.replace(CFG, thermal_norm="percentile")
-    assert crop_box(frame, cfg) == (0, 16, 16)
+    settings = dataclasses.replace(CFG, thermal_norm="percentile")
+    assert crop_box(frame, settings) == (0, 16, 16)
     batches = []
-    translate_frame(recording(batches), frame, cfg, "tile")
+    translate_frame(recording(batches), frame, settings, "tile")
     hot, _, centre, _, cold = np.concatenate(batches)  # 16 px tiles every 8 px over a 16x48 frame
-    np.testing.assert_allclose(centre, to_model(prepare_thermal(frame, cfg))[0], atol=1e-6)
+    np.testing.assert_allclose(centre, to_model(prepare_thermal(frame, settings))[0], atol=1e-6)
     assert np.all(hot[:, :, :8] == 1.0) and np.all(cold[:, :, 8:] == -1.0)  # beyond the face's range: clipped
 
 
@@ -122,7 +122,7 @@ def test_hot_and_cold_beside_the_face_cost_it_less_than_a_db(tiny_cache):
     cold one (0) the right: its region translates within 1 dB PSNR of the face alone (mean over the test frames).
     Normalising over the whole frame squeezed the face into a fraction of the range instead: 1.7 dB worse here."""
     generator = l1_fitted_generator(tiny_cache)
-    cfg = stored_section("preprocess", load_manifest(tiny_cache)["preprocess"])
+    settings = stored_section("preprocess", load_manifest(tiny_cache)["preprocess"])
 
     def generate(batch: np.ndarray) -> np.ndarray:
         return run_torch(generator, batch)
@@ -132,7 +132,7 @@ def test_hot_and_cold_beside_the_face_cost_it_less_than_a_db(tiny_cache):
         width = thermal.shape[1]
         wide = np.hstack([np.full_like(thermal, 65_535), thermal, np.zeros_like(thermal)])
         real = unit(visible)
-        alone.append(peak_signal_noise_ratio(real, translate_frame(generate, thermal, cfg), data_range=1.0))
-        face = translate_frame(generate, wide, cfg)[:, width : 2 * width]
+        alone.append(peak_signal_noise_ratio(real, translate_frame(generate, thermal, settings), data_range=1.0))
+        face = translate_frame(generate, wide, settings)[:, width : 2 * width]
         beside.append(peak_signal_noise_ratio(real, face, data_range=1.0))
     assert abs(np.mean(beside) - np.mean(alone)) < 1.0, (alone, beside)

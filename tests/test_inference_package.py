@@ -1,9 +1,9 @@
 """The inference package stands apart: no module of it reaches training, tracking, study or dev code, so the served
-model, which packs serving.py and what it imports (serving.packed_files), carries none of it. (The packed code of a
+model, which packs serving.py and what it imports (packing.packed_files), carries none of it. (The packed code of a
 registered model is loaded alone in tests/test_serving.py.)"""
 
 from thermal2visible.imports import PACKAGE, import_closure
-from thermal2visible.inference.serving import packed_files
+from thermal2visible.inference.packing import packed_files
 
 INFERENCE = PACKAGE / "inference"
 APART_FROM = ("training", "tracking", "studies", "dev")  # subpackages the served model never needs

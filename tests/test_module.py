@@ -26,6 +26,7 @@ from thermal2visible.training import resume
 from thermal2visible.training.resume import STAMP, find_resume, run_fingerprint
 from thermal2visible.training import precision as precision_module
 from thermal2visible.training.precision import OncePerIterationScaler, RunDevice, resolve_precision, run_device
+from thermal2visible.training.throughput import Throughput
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch
 from shipped import SHIPPED, shipped
 
@@ -334,6 +335,9 @@ def test_a_bad_step_is_skipped_and_training_goes_on(rule, norm):
     trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
     assert module.bad_steps == 1 and math.isfinite(trainer.callback_metrics["loss_g"].item())
+    (throughput,) = [callback for callback in trainer.callbacks if isinstance(callback, Throughput)]
+    assert throughput.images == 4  # the undone step's 2 images are no training
+    assert trainer.callback_metrics["images_per_s"] == pytest.approx(4 / throughput.seconds)
 
 
 def resumed(module: Pix2Pix, checkpoint, **overrides) -> Trainer:

@@ -19,7 +19,8 @@ from PIL import Image
 from shipped import shipped
 from thermal2visible.data.images import read_image
 from thermal2visible.imports import PACKAGE
-from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments
+from thermal2visible.inference.serving import IMAGE, ServedLimits
+from thermal2visible.inference.packing import pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # train and export stages in subprocesses
 REPO = PACKAGE.parents[1]

@@ -42,14 +42,14 @@ def test_eight_bit_thermal_is_stretched_to_the_sixteen_bit_range():
     eight = (np.arange(48 * 48) % 256).astype(np.uint8).reshape(48, 48)
     sixteen = eight.astype(np.uint16) * 257
     for norm in ("percentile", "fixed"):
-        cfg = dataclasses.replace(CFG, thermal_norm=norm)
-        np.testing.assert_allclose(prepare_thermal(eight, cfg), prepare_thermal(sixteen, cfg), atol=1e-6)
+        settings = dataclasses.replace(CFG, thermal_norm=norm)
+        np.testing.assert_allclose(prepare_thermal(eight, settings), prepare_thermal(sixteen, settings), atol=1e-6)
 
 
 def test_fixed_range_maps_raw_counts_linearly():
-    cfg = dataclasses.replace(CFG, thermal_norm="fixed", fixed_range=(29_000.0, 31_000.0), image_size=16)
+    settings = dataclasses.replace(CFG, thermal_norm="fixed", fixed_range=(29_000.0, 31_000.0), image_size=16)
     flat = np.full((16, 16), 30_500, np.uint16)
-    np.testing.assert_allclose(prepare_thermal(flat, cfg), 0.75, atol=1e-6)
+    np.testing.assert_allclose(prepare_thermal(flat, settings), 0.75, atol=1e-6)
 
 
 def test_rgb_thermal_keeps_its_channels():
@@ -60,19 +60,19 @@ def test_rgb_thermal_keeps_its_channels():
 def test_face_crop_centres_both_images_on_the_warm_blob():
     frame = warm_blob()
     assert face_box(thermal_counts(frame), margin=0.25) == (1, 33, 18)  # 12 px blob + 25 % each side
-    cfg = dataclasses.replace(CFG, face_crop=True, crop_margin=0.25)
+    settings = dataclasses.replace(CFG, face_crop=True, crop_margin=0.25)
     visible = np.stack([(frame > 30_000).astype(np.uint8) * 255] * 3, axis=-1)  # the blob, seen in colour
-    thermal, colour = prepare_thermal(frame, cfg), prepare_visible(visible, frame, cfg)
+    thermal, colour = prepare_thermal(frame, settings), prepare_visible(visible, frame, settings)
     np.testing.assert_allclose(thermal[..., 0], colour[..., 0], atol=1e-6)  # same box for both
     assert thermal[8, 8, 0] == 1 and thermal[0, 0, 0] == 0
 
 
 def test_random_split_fractions_and_seed():
-    cfg = dataclasses.replace(CFG, val_fraction=0.2, test_fraction=0.1, seed=3)
-    splits = assign_splits([None] * 50, [None] * 50, cfg)
+    settings = dataclasses.replace(CFG, val_fraction=0.2, test_fraction=0.1, seed=3)
+    splits = assign_splits([None] * 50, [None] * 50, settings)
     assert [splits.count(s) for s in ("train", "val", "test")] == [35, 10, 5]
-    assert splits == assign_splits([None] * 50, [None] * 50, cfg)
-    assert splits != assign_splits([None] * 50, [None] * 50, dataclasses.replace(cfg, seed=4))
+    assert splits == assign_splits([None] * 50, [None] * 50, settings)
+    assert splits != assign_splits([None] * 50, [None] * 50, dataclasses.replace(settings, seed=4))
 
 
 def test_identity_split_keeps_people_apart():
@@ -99,7 +99,7 @@ def test_cache_round_trip(tiny_cache):
     assert manifest["identities"] == [f"person_{k:02d}" for k in range(4)]
     assert (manifest["image_size"], manifest["thermal_channels"], manifest["visible_channels"]) == (32, 1, 3)
     assert len(manifest["sources"]) == 24
-    cfg = stored_section("preprocess", manifest["preprocess"])
+    settings = stored_section("preprocess", manifest["preprocess"])
     for split in ("train", "val", "test"):
         thermal, visible, identity = load_split(tiny_cache, split)
         assert isinstance(thermal, np.memmap) and isinstance(visible, np.memmap)
@@ -108,7 +108,7 @@ def test_cache_round_trip(tiny_cache):
         assert identity.dtype == np.int64 and set(identity) <= set(range(4))
     first = next(s for s in manifest["sources"] if s["split"] == "val")
     raw = tiny_cache.parent / "raw"
-    expected = prepare_thermal(read_image(raw / first["thermal"], 10**6), cfg)
+    expected = prepare_thermal(read_image(raw / first["thermal"], 10**6), settings)
     np.testing.assert_allclose(load_split(tiny_cache, "val")[0][0] / 65535, expected, atol=1e-5)
     assert load_split(tiny_cache, "val")[2][0] == manifest["identities"].index(first["identity"])
 
@@ -139,11 +139,11 @@ def write_pairs(root, thermal_frames, visible_frames, names):
             tifffile.imwrite(root / kind / f"{name}.tiff", image, photometric="rgb" if image.ndim == 3 else None)
 
 
-def cached(root, cfg, tmp_path):
+def cached(root, settings, tmp_path):
     index, problems = ingest(root, "pairs", shipped("ingest"))
     assert problems == []
     out = tmp_path / f"cache-{root.name}"
-    build_cache(index, cfg, 10**6, out, "fail")
+    build_cache(index, settings, 10**6, out, "fail")
     return {split: load_split(out, split) for split in ("train", "val", "test")}
 
 
@@ -155,8 +155,8 @@ def test_sixteen_bit_visible_caches_as_its_eight_bit_twin(tmp_path):
     names = [f"p/{k}" for k in range(6)]
     write_pairs(tmp_path / "eight", thermal, visible8, names)
     write_pairs(tmp_path / "sixteen", thermal, [v.astype(np.uint16) * 257 for v in visible8], names)
-    cfg = dataclasses.replace(CFG, val_fraction=0.2, test_fraction=0.2)
-    eight, sixteen = cached(tmp_path / "eight", cfg, tmp_path), cached(tmp_path / "sixteen", cfg, tmp_path)
+    settings = dataclasses.replace(CFG, val_fraction=0.2, test_fraction=0.2)
+    eight, sixteen = cached(tmp_path / "eight", settings, tmp_path), cached(tmp_path / "sixteen", settings, tmp_path)
     for split in eight:
         assert np.abs(eight[split][1].astype(int) - sixteen[split][1]).max() <= 1  # within rounding
         np.testing.assert_array_equal(eight[split][0], sixteen[split][0])
@@ -170,15 +170,15 @@ def test_temperature_maps_normalise_by_the_fixed_range(tmp_path):
         frame[:4, :4] = 20.0 + 5 * k  # other content that percentile normalisation would react to
     visible = [np.full((16, 16, 3), k, np.uint8) for k in range(5)]  # distinct: ingest refuses duplicates
     write_pairs(tmp_path / "celsius", frames, visible, [f"{k}" for k in range(5)])
-    cfg = dataclasses.replace(
+    settings = dataclasses.replace(
         CFG, thermal_norm="temperature", temperature_range=(20.0, 40.0), val_fraction=0.2, test_fraction=0.2
     )
-    for thermal, _, _ in cached(tmp_path / "celsius", cfg, tmp_path).values():
+    for thermal, _, _ in cached(tmp_path / "celsius", settings, tmp_path).values():
         np.testing.assert_allclose(thermal[:, 12:, 12:] / 65535, 0.5, atol=1e-4)
     with pytest.raises(PipelineError, match="float32 temperature map, but preprocess.fixed_range is in integer"):
         prepare_thermal(frames[0], dataclasses.replace(CFG, thermal_norm="fixed"))
     with pytest.raises(PipelineError, match="uint16 thermal counts, but preprocess.thermal_norm: temperature"):
-        prepare_thermal(warm_blob(), cfg)
+        prepare_thermal(warm_blob(), settings)
 
 
 def test_preprocess_stage_names_a_frame_that_does_not_fit_the_norm_and_leaves_no_cache(

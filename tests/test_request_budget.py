@@ -23,7 +23,8 @@ from tiny_model import export_tiny
 from thermal2visible.data.images import BadImage, image_size
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, model_server
 from thermal2visible.inference.rest import scoring_app
-from thermal2visible.inference.serving import IMAGE, ServedLimits, Work, pyfunc_arguments, to_base64
+from thermal2visible.inference.serving import IMAGE, ServedLimits, Work, to_base64
+from thermal2visible.inference.packing import pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # real server processes
 LIMITS = ServedLimits.of(shipped("serve", max_rows=4, max_request_pixels=3_000_000, max_model_pixels=10**7))

@@ -15,7 +15,8 @@ from PIL import Image
 from shipped import shipped
 from thermal2visible.data.images import read_image
 from thermal2visible.inference.frames import translate_frame
-from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments
+from thermal2visible.inference.serving import IMAGE, ServedLimits
+from thermal2visible.inference.packing import pyfunc_arguments
 from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
 from thermal2visible.paths import MANIFEST
 from thermal2visible.pixels import quantise

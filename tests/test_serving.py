@@ -30,14 +30,8 @@ from thermal2visible.data.images import read_image
 from thermal2visible.paths import MANIFEST
 from thermal2visible.inference.registry import register
 from thermal2visible.imports import PACKAGE
-from thermal2visible.inference.serving import (
-    IMAGE,
-    packed_files,
-    ServedLimits,
-    png_bytes,
-    pyfunc_arguments,
-    to_base64,
-)
+from thermal2visible.inference.serving import IMAGE, ServedLimits, png_bytes, to_base64
+from thermal2visible.inference.packing import packed_files, pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]

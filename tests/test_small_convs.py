@@ -82,7 +82,7 @@ def test_a_training_run_with_small_convs_as_matmuls_takes_the_same_steps():
     for max_side, module in runs.items():
         torch.manual_seed(1)
         with CountedCalls() as counted:
-            build_trainer(module.cfg).fit(module, train_dataloaders=loader())
+            build_trainer(module.settings).fit(module, train_dataloaders=loader())
         assert ("unfold" in counted.names) == (max_side > 0)
     moved = 0.0
     for name, weight in runs[0].state_dict().items():

@@ -90,9 +90,10 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     # the param says `auto`; the tag says what it picked on this machine
     picked = resolve_channels_last("auto", "cpu", train_run.data.tags["precision"])
     assert train_run.data.tags["memory_format"] == ("channels_last" if picked else "nchw")
-    assert [m.step for m in client.get_metric_history(train_run.info.run_id, "loss_g")] == list(
-        range(1, summary["epochs_run"] + 1)
-    )  # one point per epoch, stepped by epoch
+    for key in ("loss_g", "images_per_s"):  # one point per epoch, stepped by epoch
+        assert [m.step for m in client.get_metric_history(train_run.info.run_id, key)] == list(
+            range(1, summary["epochs_run"] + 1)
+        ), key
     assert {a.path for a in client.list_artifacts(train_run.info.run_id)} >= {"generator.pt", "psnr_curve.png"}
 
 

@@ -23,7 +23,8 @@ from thermal2visible.dev.servers import model_server
 from shipped import shipped
 from tiny_model import export_tiny
 
-from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments, to_base64
+from thermal2visible.inference.serving import IMAGE, ServedLimits, to_base64
+from thermal2visible.inference.packing import pyfunc_arguments
 from thermal2visible.inference.video import translate_video
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes

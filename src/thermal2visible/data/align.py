@@ -99,11 +99,11 @@ def _edges(grey: np.ndarray, factor: float) -> np.ndarray:
     return ((edges - edges.mean()) / (edges.std() + 1e-12)).astype(np.float32)
 
 
-def edge_images(thermal: np.ndarray, visible: np.ndarray, cfg: PreprocessConfig) -> tuple[np.ndarray, np.ndarray]:
+def edge_images(thermal: np.ndarray, visible: np.ndarray, settings: PreprocessConfig) -> tuple[np.ndarray, np.ndarray]:
     """(thermal, visible) gradient magnitudes, standardised, at the working size: the two modalities' common
     ground (their outlines), where their intensities have none."""
     factor = _work_factor(*thermal.shape[:2])
-    grey_thermal = normalise_frame(thermal, cfg)[0].mean(axis=2)
+    grey_thermal = normalise_frame(thermal, settings)[0].mean(axis=2)
     pixels = unit(visible)
     grey_visible = rgb2gray(pixels) if pixels.shape[2] == 3 else pixels[..., 0]
     return _edges(grey_thermal, factor), _edges(grey_visible, factor)
@@ -128,10 +128,10 @@ def _best(pairs: list[tuple], scales, rotations) -> tuple[float, float]:
     return max(scored, key=scored.get)
 
 
-def estimate_rig(pairs: list[tuple[np.ndarray, np.ndarray]], cfg: PreprocessConfig) -> Rig:
+def estimate_rig(pairs: list[tuple[np.ndarray, np.ndarray]], settings: PreprocessConfig) -> Rig:
     """The rig transform from (thermal, visible) raw training frames: scale, then rotation, coarse then fine,
     then the median of the pairs' shifts (robust to a few odd pairs)."""
-    edges = [edge_images(thermal, visible, cfg) for thermal, visible in pairs]
+    edges = [edge_images(thermal, visible, settings) for thermal, visible in pairs]
     scale, _ = _best(edges, COARSE_SCALES, [0.0])
     _, rotation = _best(edges, [scale], COARSE_ROTATIONS)
     scale, _ = _best(edges, scale + 0.01 * FINE_STEPS, [rotation])
@@ -147,9 +147,9 @@ def estimate_rig(pairs: list[tuple[np.ndarray, np.ndarray]], cfg: PreprocessConf
     return Rig(float(scale), float(rotation), tuple(float(v) for v in np.median(measured, axis=0)))
 
 
-def residual(thermal: np.ndarray, visible: np.ndarray, rig: Rig, cfg: PreprocessConfig) -> float:
+def residual(thermal: np.ndarray, visible: np.ndarray, rig: Rig, settings: PreprocessConfig) -> float:
     """How far (thermal pixels) this pair's outlines still lie apart once the rig transform is applied."""
-    t, v = edge_images(thermal, apply_rig(visible, rig), cfg)
+    t, v = edge_images(thermal, apply_rig(visible, rig), settings)
     shift, _ = _pair_shift(t, v, SUBPIXEL)
     return float(np.hypot(*shift) / _work_factor(*thermal.shape[:2]))
 
@@ -171,7 +171,7 @@ def register(
     pairs: Sequence[dict],
     splits: Sequence[str],
     read: Callable[[dict], Frames],
-    cfg: PreprocessConfig,
+    settings: PreprocessConfig,
     map_pairs: Callable = map,
 ) -> Registration:
     """Estimate the rig from the training pairs, decide whether to apply it, and measure every pair against it
@@ -182,16 +182,16 @@ def register(
     if not training:
         raise PipelineError("preprocess.align: no training pairs to estimate the camera rig from")
     training = [read(pair) for pair in training[:: max(1, len(training) // ESTIMATE_PAIRS)][:ESTIMATE_PAIRS]]
-    estimated = estimate_rig(training, cfg)
+    estimated = estimate_rig(training, settings)
     height, width = training[0][0].shape[:2]
-    applied = estimated if cfg.align and estimated.displacement(height, width) > REGISTERED_PX else None
-    residuals = list(map_pairs(functools.partial(read_residual, read, applied or IDENTITY, cfg), pairs))
-    refused = [i for i, value in enumerate(residuals) if value > cfg.align_max_residual] if cfg.align else []
+    applied = estimated if settings.align and estimated.displacement(height, width) > REGISTERED_PX else None
+    residuals = list(map_pairs(functools.partial(read_residual, read, applied or IDENTITY, settings), pairs))
+    refused = [i for i, value in enumerate(residuals) if value > settings.align_max_residual] if settings.align else []
     return Registration(estimated, applied, residuals, refused)
 
 
-def read_residual(read: Callable[[dict], Frames], rig: Rig, cfg: PreprocessConfig, pair: dict) -> float:
-    return residual(*read(pair), rig, cfg)
+def read_residual(read: Callable[[dict], Frames], rig: Rig, settings: PreprocessConfig, pair: dict) -> float:
+    return residual(*read(pair), rig, settings)
 
 
 def aligned(frames: Frames, rig: Rig | None) -> Frames:
@@ -200,12 +200,12 @@ def aligned(frames: Frames, rig: Rig | None) -> Frames:
     return thermal, visible if rig is None else apply_rig(visible, rig)
 
 
-def overlay(frames: Sequence[Frames], rig: Rig | None, cfg: PreprocessConfig) -> np.ndarray:
+def overlay(frames: Sequence[Frames], rig: Rig | None, settings: PreprocessConfig) -> np.ndarray:
     """uint8 RGB rows of pairs, before | after: thermal in magenta, visible in green, so what lies in register is
     grey and what does not shows coloured fringes."""
 
     def blend(thermal: np.ndarray, visible: np.ndarray) -> np.ndarray:
-        heat = normalise_frame(thermal, cfg)[0].mean(axis=2)
+        heat = normalise_frame(thermal, settings)[0].mean(axis=2)
         pixels = unit(visible)
         grey = rgb2gray(pixels) if pixels.shape[2] == 3 else pixels[..., 0]
         return np.stack([heat, grey, heat], axis=-1)

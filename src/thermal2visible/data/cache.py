@@ -39,9 +39,9 @@ CHUNK = 8  # pairs a worker prepares per task: fewer round trips, and still an e
 JITTER = "jitter"  # the training split at the jitter side: jitter_{thermal,visible,identity}.npy
 
 
-def jitter_side(cfg: PreprocessConfig) -> int:
+def jitter_side(settings: PreprocessConfig) -> int:
     """The side the training images are resized to before a random image_size crop (pix2pix: 256 -> 286)."""
-    return round(cfg.image_size * cfg.jitter_scale)
+    return round(settings.image_size * settings.jitter_scale)
 
 
 def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list[dict]:
@@ -57,18 +57,18 @@ def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list
 
 
 def _registered(
-    root: Path, pairs: list[dict], splits: list[str], read, cfg: PreprocessConfig, on_error: str, pool
+    root: Path, pairs: list[dict], splits: list[str], read, settings: PreprocessConfig, on_error: str, pool
 ) -> tuple[list[dict], list[str], list[float], dict, Rig | None]:
     """The pairs (with their splits and residuals) that stay once the rig is measured, the manifest's `align`
     section and the rig to apply; with `on_error: fail` a pair the rig cannot lay onto its partner stops everything,
     before anything is written."""
-    registration = register(pairs, splits, read, cfg, functools.partial(pool.imap, chunksize=CHUNK))
+    registration = register(pairs, splits, read, settings, functools.partial(pool.imap, chunksize=CHUNK))
     refused = _refusals(root, pairs, registration)
     if refused and on_error == "fail":
         raise PipelineError(
             f"preprocess.align: {len(refused)} pair(s) still lie more than preprocess.align_max_residual "
-            f"{cfg.align_max_residual} px apart once the camera rig is applied (a wrong partner, or a moved camera; "
-            "ingest.on_error: skip leaves them out)"
+            f"{settings.align_max_residual} px apart once the camera rig is applied (a wrong partner, or a moved "
+            "camera; ingest.on_error: skip leaves them out)"
             + "".join(f"\n  {r['thermal']} <-> {r['visible']}: {r['residual_px']:.2f} px" for r in refused)
         )
     refused_rows = set(registration.refused)
@@ -76,7 +76,7 @@ def _registered(
     section = {
         "estimated": registration.estimated.as_dict(),
         "applied": registration.applied.as_dict() if registration.applied else None,
-        "max_residual_px": cfg.align_max_residual,
+        "max_residual_px": settings.align_max_residual,
         "refused": refused,
     }
     return (
@@ -94,11 +94,11 @@ def applied_rig(manifest: dict) -> Rig | None:
     return Rig.from_dict(applied) if applied else None
 
 
-def read_checked(root: Path, layout: str, max_pixels: int, cfg: PreprocessConfig, pair: dict):
+def read_checked(root: Path, layout: str, max_pixels: int, settings: PreprocessConfig, pair: dict):
     """The decoded pair; a thermal frame whose kind does not fit the normalisation fails naming its file."""
     thermal, visible = read_pair(root, pair, layout, max_pixels)
     try:
-        check_thermal_kind(thermal, cfg)
+        check_thermal_kind(thermal, settings)
     except PipelineError as error:
         raise PipelineError(f"{root / pair['thermal']}: {error}") from None
     return thermal, visible
@@ -140,22 +140,25 @@ def worker_pool() -> Iterator:
         yield pool
 
 
-def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Path, on_error: str) -> dict:
+def build_cache(index: dict, settings: PreprocessConfig, max_pixels: int, out_dir: Path, on_error: str) -> dict:
     """Preprocess every pair of an ingest index into `out_dir`, a process per core; returns the manifest it wrote.
     The camera rig is measured first (`align.register`); `on_error` (ingest.on_error) decides what a pair it cannot
     align does. Pairs are read, prepared and written a chunk at a time: memory stays flat at any number of pairs."""
     root, layout, pairs = Path(index["root"]), index["layout"], index["pairs"]
     splits = assign_splits(
-        [p["identity"] for p in pairs], [p["split"] for p in pairs], cfg, [sequence_of(p["thermal"]) for p in pairs]
+        [p["identity"] for p in pairs],
+        [p["split"] for p in pairs],
+        settings,
+        [sequence_of(p["thermal"]) for p in pairs],
     )
-    size, channels = cfg.image_size, (index["thermal_channels"], index["visible_channels"])
+    size, channels = settings.image_size, (index["thermal_channels"], index["visible_channels"])
     # pix2pix's jitter crops `size` out of the image resized to jitter_side: the training split is also stored at
     # that side, resized once from the source, so a jittered crop is resampled once, as the test images are.
-    jitter = dataclasses.replace(cfg, image_size=jitter_side(cfg))
-    read = functools.partial(read_checked, root, layout, max_pixels, cfg)
+    jitter = dataclasses.replace(settings, image_size=jitter_side(settings))
+    read = functools.partial(read_checked, root, layout, max_pixels, settings)
     sources, counts, thermal_dtypes = [], {}, Counter()
     with worker_pool() as pool:
-        pairs, splits, residuals, alignment, rig = _registered(root, pairs, splits, read, cfg, on_error, pool)
+        pairs, splits, residuals, alignment, rig = _registered(root, pairs, splits, read, settings, on_error, pool)
         identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
         label = {name: position for position, name in enumerate(identities)}
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +166,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
             for split in SPLITS:
                 members = [(p, r) for p, s, r in zip(pairs, splits, residuals) if s == split]
                 counts[split] = len(members)
-                outputs = {split: cfg} | ({JITTER: jitter} if split == "train" else {})
+                outputs = {split: settings} | ({JITTER: jitter} if split == "train" else {})
                 files = {
                     name: [
                         RowFile(
@@ -206,7 +209,7 @@ def build_cache(index: dict, cfg: PreprocessConfig, max_pixels: int, out_dir: Pa
         "visible_channels": channels[1],
         "identities": identities,
         "counts": counts,
-        "preprocess": dataclasses.asdict(cfg),
+        "preprocess": dataclasses.asdict(settings),
         "align": alignment,
         "sources": sources,
     }

@@ -261,12 +261,12 @@ def _unique(root: Path, good: list[tuple[dict, dict]], problems: list[Problem]) 
     return unique
 
 
-def ingest(root: Path, layout: str, cfg: IngestConfig) -> tuple[dict, list[Problem]]:
+def ingest(root: Path, layout: str, settings: IngestConfig) -> tuple[dict, list[Problem]]:
     """The index of good pairs (entries with sha256 of both files, channel counts) and every problem found."""
     problems: list[Problem] = []
     candidates = find_pairs(root, layout, problems)
     inspected = [
-        (entry, _inspect(root, entry, layout, cfg.max_pixels, problems))
+        (entry, _inspect(root, entry, layout, settings.max_pixels, problems))
         for entry in tqdm(candidates, desc="ingest", unit="pair")
     ]
     good = [(entry, *found) for entry, found in inspected if found is not None]
@@ -282,7 +282,7 @@ def ingest(root: Path, layout: str, cfg: IngestConfig) -> tuple[dict, list[Probl
         if not odd:
             fitting.append((entry, digests))
     pairs = _unique(root, fitting, problems)
-    if problems and cfg.on_error == "fail":
+    if problems and settings.on_error == "fail":
         summary = f"{root}: {len(problems)} bad file(s) (set ingest.on_error: skip to leave them out)"
         raise IngestError(summary, problems)
     if not pairs:

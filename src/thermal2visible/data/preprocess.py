@@ -50,10 +50,10 @@ def face_box(counts: np.ndarray, margin: float) -> Box:
     return row, col, side
 
 
-def crop_box(thermal: np.ndarray, cfg: PreprocessConfig) -> Box:
+def crop_box(thermal: np.ndarray, settings: PreprocessConfig) -> Box:
     """The square both images of a pair are cut to, decided from the thermal image alone."""
-    if cfg.face_crop:
-        return face_box(thermal_counts(thermal), cfg.crop_margin)
+    if settings.face_crop:
+        return face_box(thermal_counts(thermal), settings.crop_margin)
     return centre_box(*thermal.shape[:2])
 
 
@@ -67,29 +67,29 @@ def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
     return np.clip(resized, 0.0, 1.0).astype(np.float32)
 
 
-def check_thermal_kind(image: np.ndarray, cfg: PreprocessConfig) -> None:
+def check_thermal_kind(image: np.ndarray, settings: PreprocessConfig) -> None:
     """A frame's kind must fit the normalisation: `temperature` ranges are in a float map's unit, `fixed`
     ranges in integer counts; mixing them would map every pixel to 0 or 1 without a word."""
     is_float = image.dtype.kind == "f"
-    if cfg.thermal_norm == "temperature" and not is_float:
+    if settings.thermal_norm == "temperature" and not is_float:
         raise PipelineError(
             f"{image.dtype} thermal counts, but preprocess.thermal_norm: temperature maps a "
             "float temperature map (use thermal_norm: fixed or percentile for integer frames)"
         )
-    if cfg.thermal_norm == "fixed" and is_float:
+    if settings.thermal_norm == "fixed" and is_float:
         raise PipelineError(
             f"{image.dtype} temperature map, but preprocess.fixed_range is in integer counts "
             "(use thermal_norm: temperature with temperature_range, or percentile)"
         )
 
 
-def thermal_range(counts: np.ndarray, cfg: PreprocessConfig) -> tuple[float, float]:
+def thermal_range(counts: np.ndarray, settings: PreprocessConfig) -> tuple[float, float]:
     """The values that map to 0 and 1: percentiles of `counts` (the training view's), a fixed range of raw
     counts, or a fixed temperature range in the map's unit (the same temperature is the same grey in every frame)."""
-    if cfg.thermal_norm == "percentile":
-        low, high = np.percentile(counts, cfg.percentiles)  # float64, as the cache has always computed them
+    if settings.thermal_norm == "percentile":
+        low, high = np.percentile(counts, settings.percentiles)  # float64, as the cache has always computed them
         return low, high
-    return cfg.temperature_range if cfg.thermal_norm == "temperature" else cfg.fixed_range
+    return settings.temperature_range if settings.thermal_norm == "temperature" else settings.fixed_range
 
 
 def apply_range(counts: np.ndarray, low: float, high: float) -> np.ndarray:
@@ -99,38 +99,38 @@ def apply_range(counts: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.clip((counts - low) / (high - low), 0.0, 1.0)
 
 
-def normalise_frame(image: np.ndarray, cfg: PreprocessConfig) -> tuple[np.ndarray, Box]:
+def normalise_frame(image: np.ndarray, settings: PreprocessConfig) -> tuple[np.ndarray, Box]:
     """A uint8/uint16/float HxW or HxWxC thermal frame -> (the whole frame as float32 HxWxC in [0, 1], the
     training view's box). The range comes from the training view alone, as in training: a radiator or a window
     elsewhere in the frame clips instead of rescaling the face."""
-    check_thermal_kind(image, cfg)
+    check_thermal_kind(image, settings)
     counts = thermal_counts(image)
-    box = crop_box(image, cfg)
-    return apply_range(counts, *thermal_range(_square(counts, box), cfg)), box
+    box = crop_box(image, settings)
+    return apply_range(counts, *thermal_range(_square(counts, box), settings)), box
 
 
-def training_view(normalised: np.ndarray, box: Box, cfg: PreprocessConfig) -> np.ndarray:
+def training_view(normalised: np.ndarray, box: Box, settings: PreprocessConfig) -> np.ndarray:
     """The box of a `normalise_frame`d frame at the model's size: float32 (S, S, C) in [0, 1]."""
-    return _resize(_square(normalised, box), cfg.image_size)
+    return _resize(_square(normalised, box), settings.image_size)
 
 
-def prepare_thermal(image: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+def prepare_thermal(image: np.ndarray, settings: PreprocessConfig) -> np.ndarray:
     """A uint8/uint16/float HxW or HxWxC thermal frame -> float32 (S, S, C) in [0, 1]: what the model trains on."""
-    return training_view(*normalise_frame(image, cfg), cfg)
+    return training_view(*normalise_frame(image, settings), settings)
 
 
-def prepare_visible(image: np.ndarray, thermal: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+def prepare_visible(image: np.ndarray, thermal: np.ndarray, settings: PreprocessConfig) -> np.ndarray:
     """The visible partner of `thermal` (uint8 or uint16) -> float32 (S, S, C) in [0, 1], cut to the same box."""
-    return _resize(_square(unit(image), crop_box(thermal, cfg)), cfg.image_size)
+    return _resize(_square(unit(image), crop_box(thermal, settings)), settings.image_size)
 
 
-def _counts(total: int, cfg: PreprocessConfig, what: str) -> tuple[int, int]:
+def _counts(total: int, settings: PreprocessConfig, what: str) -> tuple[int, int]:
     """How many of `total` units go to val and test: at least one each when its fraction is not zero."""
-    n_val, n_test = (max(1, round(f * total)) if f > 0 else 0 for f in (cfg.val_fraction, cfg.test_fraction))
+    n_val, n_test = (max(1, round(f * total)) if f > 0 else 0 for f in (settings.val_fraction, settings.test_fraction))
     if n_val + n_test >= total:
         raise PipelineError(
-            f"preprocess: {total} {what} are too few for val_fraction {cfg.val_fraction} and "
-            f"test_fraction {cfg.test_fraction} (training would get none)"
+            f"preprocess: {total} {what} are too few for val_fraction {settings.val_fraction} and "
+            f"test_fraction {settings.test_fraction} (training would get none)"
         )
     return n_val, n_test
 
@@ -144,27 +144,30 @@ def sequence_of(relative: str) -> str:
 
 
 def assign_splits(
-    identities: list[str | None], hints: list[str | None], cfg: PreprocessConfig, sequences: list[str] | None = None
+    identities: list[str | None],
+    hints: list[str | None],
+    settings: PreprocessConfig,
+    sequences: list[str] | None = None,
 ) -> list[str]:
     """Split of each pair: its folder hint when it has one, else `split_by` over the pairs without one
     (`identity`, `sequence` (from `sequence_of`): whole groups go to one split; `random`: each pair alone)."""
     free = [i for i, hint in enumerate(hints) if hint is None]
     splits = list(hints)
-    rng = np.random.default_rng(cfg.seed)
-    if cfg.split_by == "identity":
+    rng = np.random.default_rng(settings.seed)
+    if settings.split_by == "identity":
         missing = [i for i in free if identities[i] is None]
         if missing:
             raise PipelineError(
                 f"preprocess.split_by: identity needs an identity folder for every pair; "
                 f"{len(missing)} pairs have none (use split_by: sequence or random)"
             )
-    groups = {"identity": identities, "sequence": sequences, "random": range(len(hints))}[cfg.split_by]
+    groups = {"identity": identities, "sequence": sequences, "random": range(len(hints))}[settings.split_by]
     unit_of = {i: groups[i] for i in free}
     units = sorted(set(unit_of.values()))
     if not units:
         return splits
-    what = {"identity": "identities", "sequence": "sequences", "random": "pairs"}[cfg.split_by]
-    n_val, n_test = _counts(len(units), cfg, what)
+    what = {"identity": "identities", "sequence": "sequences", "random": "pairs"}[settings.split_by]
+    n_val, n_test = _counts(len(units), settings, what)
     order = [units[k] for k in rng.permutation(len(units))]
     split_of = {
         unit: "test" if k < n_test else "val" if k < n_test + n_val else "train" for k, unit in enumerate(order)

@@ -27,29 +27,29 @@ from thermal2visible.data.synthetic_render import render
 from thermal2visible.data.synthetic_shots import Lighting, Shot, camera_shot, random_face, random_shot
 
 
-def shot_of(cfg: SynthesizeConfig, person: int, index: int) -> tuple[Shot, Lighting, str]:
+def shot_of(settings: SynthesizeConfig, person: int, index: int) -> tuple[Shot, Lighting, str]:
     """The shot of one image and its file name: portrait NNN, camera seqK_FFF (frame F of sequence K)."""
-    if cfg.scene == "portrait":
-        return *random_shot(np.random.default_rng([cfg.seed, person, index])), f"{index:03d}"
-    sequence, frame = divmod(index, cfg.sequence_length)
+    if settings.scene == "portrait":
+        return *random_shot(np.random.default_rng([settings.seed, person, index])), f"{index:03d}"
+    sequence, frame = divmod(index, settings.sequence_length)
     shot, lighting = camera_shot(
-        np.random.default_rng([cfg.seed, person, sequence]),
-        np.random.default_rng([cfg.seed, person, sequence, frame]),
-        cfg.aspect,
+        np.random.default_rng([settings.seed, person, sequence]),
+        np.random.default_rng([settings.seed, person, sequence, frame]),
+        settings.aspect,
     )
     return shot, lighting, f"seq{sequence}_{frame:03d}"
 
 
-def synthesize(cfg: SynthesizeConfig, out_dir: Path) -> int:
+def synthesize(settings: SynthesizeConfig, out_dir: Path) -> int:
     """Write the dataset as out_dir/{thermal,visible}/person_NN/NAME.png (`shot_of` names); returns the number of
     pairs."""
-    digits = max(2, len(str(cfg.identities - 1)))
-    jobs = [(person, index) for person in range(cfg.identities) for index in range(cfg.images_per_identity)]
-    width = round(cfg.resolution * cfg.aspect)
+    digits = max(2, len(str(settings.identities - 1)))
+    jobs = [(person, index) for person in range(settings.identities) for index in range(settings.images_per_identity)]
+    width = round(settings.resolution * settings.aspect)
     for person, index in tqdm(jobs, desc="synthesize", unit="pair"):
-        face = random_face(np.random.default_rng([cfg.seed, person]))
-        shot, lighting, name = shot_of(cfg, person, index)
-        thermal, visible = render(face, shot, lighting, cfg.resolution, width, cfg.parallax)
+        face = random_face(np.random.default_rng([settings.seed, person]))
+        shot, lighting, name = shot_of(settings, person, index)
+        thermal, visible = render(face, shot, lighting, settings.resolution, width, settings.parallax)
         for kind, image in (("thermal", thermal), ("visible", visible)):
             path = out_dir / kind / f"person_{person:0{digits}d}" / f"{name}.png"
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,15 @@
-"""docs/pipeline.md's stage table and diagram, derived from dvc.yaml: each stage's `desc`, script, params and what it
-writes, and the edges from one stage's outputs to another's deps. Add or change a stage in dvc.yaml, then
+"""The parts of the docs that the project's files already say, written from them: docs/pipeline.md's stage diagram
+and table from dvc.yaml (each stage's `desc`, script, params and what it writes, and the edges from one stage's
+outputs to another's deps), and README.md's table of the package's modules from their docstrings. After adding or
+changing a stage or a module:
 
-    python -m thermal2visible.dev.docs          # rewrites the part of docs/pipeline.md between its markers
-    python -m thermal2visible.dev.docs --check  # exits 1 when that part differs from dvc.yaml"""
+    python -m thermal2visible.dev.docs          # rewrites the parts between their markers
+    python -m thermal2visible.dev.docs --check  # exits 1 when a part differs from what it is written from"""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 from pathlib import Path
@@ -19,6 +22,9 @@ ROOT = PACKAGE.parents[1]
 DOC = Path("docs/pipeline.md")
 BEGIN = "<!-- stages: written by `python -m thermal2visible.dev.docs` from dvc.yaml -->"
 END = "<!-- /stages -->"
+README = Path("README.md")
+PACKAGES_BEGIN = "<!-- modules: written by `python -m thermal2visible.dev.docs` from their docstrings -->"
+PACKAGES_END = "<!-- /modules -->"
 WRITES = ("outs", "metrics", "plots")
 
 
@@ -63,24 +69,51 @@ def section(stages: dict, params: dict) -> str:
     return "\n".join([BEGIN, *diagram(stages, params), "", *table, END])
 
 
+def summary(path: Path) -> str:
+    """The first clause of a module's docstring: up to its first colon, semicolon or full stop."""
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return re.split(r"[:;]\s|\.\s|\.$|\n\n", docstring, maxsplit=1)[0].replace("\n", " ")
+
+
+def modules_table(package: Path) -> str:
+    """A row per module and per package of `package` (a package with its modules), from their docstrings."""
+    rows = [f"| `{path.name}` | {summary(path)} |" for path in sorted(package.glob("*.py")) if path.stem != "__init__"]
+    for folder in sorted(path.parent for path in package.glob("*/__init__.py")):
+        inside = ", ".join(
+            str(path.relative_to(folder)) for path in sorted(folder.rglob("*.py")) if path.stem != "__init__"
+        )
+        rows.append(f"| `{folder.name}/` | {summary(folder / '__init__.py')}: {inside} |")
+    return "\n".join([PACKAGES_BEGIN, "| module | what |", "|---|---|", *rows, PACKAGES_END])
+
+
+def between(text: str, begin: str, end: str, written: str) -> str:
+    """`text` with what lies from `begin` to `end` (both markers included) replaced by `written`."""
+    before, rest = text.split(begin, 1)
+    return before + written + rest.split(end, 1)[1]
+
+
 def derived(doc: str, pipeline: str, params: str) -> str:
     """`doc` with the part between its markers written from `pipeline` and `params` (dvc.yaml's and params.yaml's
     text)."""
-    before, rest = doc.split(BEGIN, 1)
-    return before + section(yaml.safe_load(pipeline)["stages"], yaml.safe_load(params)) + rest.split(END, 1)[1]
+    return between(doc, BEGIN, END, section(yaml.safe_load(pipeline)["stages"], yaml.safe_load(params)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m thermal2visible.dev.docs", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if the docs are stale")
     args = parser.parse_args()
-    doc = ROOT / DOC
-    fresh = derived(doc.read_text(), (ROOT / "dvc.yaml").read_text(), (ROOT / "params.yaml").read_text())
+    pipeline, params, readme = (ROOT / name for name in ("dvc.yaml", "params.yaml", README))
+    written = {
+        DOC: derived((ROOT / DOC).read_text(), pipeline.read_text(), params.read_text()),
+        README: between(readme.read_text(), PACKAGES_BEGIN, PACKAGES_END, modules_table(PACKAGE)),
+    }
+    stale = [name for name, text in written.items() if text != (ROOT / name).read_text()]
     if args.check:
-        if fresh != doc.read_text():
-            sys.exit(f"{DOC}: its stage table differs from dvc.yaml; run {parser.prog}")
+        if stale:
+            sys.exit(f"{', '.join(map(str, stale))}: differ from what they are written from; run {parser.prog}")
         return
-    doc.write_text(fresh)
+    for name in stale:
+        (ROOT / name).write_text(written[name])
 
 
 if __name__ == "__main__":

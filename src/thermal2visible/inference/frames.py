@@ -78,22 +78,22 @@ def model_size(height: int, width: int, side: int) -> tuple[int, int]:
 
 
 def translate_frame(
-    generate: Generate, frame: np.ndarray, cfg: PreprocessConfig, method: Method = METHOD
+    generate: Generate, frame: np.ndarray, settings: PreprocessConfig, method: Method = METHOD
 ) -> np.ndarray:
     """One thermal frame (HxW or HxWxC; uint8, uint16 or float temperatures) -> the visible frame as float32
     H x W x Cv in [0, 1]: same height and width, content in register with the input.
 
-    `cfg` is the preprocess section the model was trained with; raises PipelineError when the frame's kind does
+    `settings` is the preprocess section the model was trained with; raises PipelineError when the frame's kind does
     not fit its normalisation (integer counts for `temperature`, float temperatures for `fixed`)."""
-    normalised, box = normalise_frame(frame, cfg)
+    normalised, box = normalise_frame(frame, settings)
     height, width = frame.shape[:2]
-    side = cfg.image_size
+    side = settings.image_size
     scaled = _resized(normalised, *model_size(height, width, side))
     generated = _padded(generate, scaled, side) if method == "pad" else _tiled(generate, scaled, side)
     visible = np.clip(_resized(from_model(generated), height, width), 0.0, 1.0)
-    if cfg.face_crop:
+    if settings.face_crop:
         top, left, box_side = box
-        face = nhwc(generate(to_model(training_view(normalised, box, cfg))))[0]
+        face = nhwc(generate(to_model(training_view(normalised, box, settings))))[0]
         visible[top : top + box_side, left : left + box_side] = np.clip(
             _resized(from_model(face), box_side, box_side), 0.0, 1.0
         )

@@ -102,7 +102,7 @@ class PsnrEarlyStopping(Callback):
             save_generator(
                 pl_module.generator,
                 self.best_path,
-                pl_module.cfg.test_mode,
+                pl_module.settings.test_mode,
                 epoch=self.best_epoch,
                 psnr_smoothed=self.best_smoothed,
                 psnr=self.history[-1],

@@ -14,7 +14,6 @@ masks (resume.RandomStreams).
 from __future__ import annotations
 
 import math
-import time
 from contextlib import contextmanager
 from typing import Callable
 
@@ -79,16 +78,13 @@ class Pix2Pix(LightningModule):
         if train.lambda_id > 0 and recognizer is None:
             raise ValueError("train.lambda_id > 0 needs the identity recognizer")
         self.automatic_optimization = False
-        self.cfg = train
+        self.settings = train
         self.generator = generator
         self.discriminator = discriminator
         self.recognizer = recognizer if train.lambda_id > 0 else None
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0
         self._saved: list[torch.Tensor] = []  # _snapshot's buffers
-        self.images_seen = 0
-        self.epoch_started = time.perf_counter()
-        self.train_seconds = 0.0
         # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
         # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
         self.replicas: dict[str, nn.Module] = {}
@@ -109,7 +105,7 @@ class Pix2Pix(LightningModule):
     def _undoable(self, opt_d) -> list[torch.Tensor]:
         """What a step may change before it knows it is finite: batch-norm statistics, and under the alternating rule
         D's weights and optimizer state (D steps before G's loss exists, since G's loss needs the updated D)."""
-        if self.cfg.update_rule == "simultaneous":
+        if self.settings.update_rule == "simultaneous":
             return self._statistics()  # both losses are checked before either network steps
         moments = [
             value
@@ -155,36 +151,32 @@ class Pix2Pix(LightningModule):
         """A non-finite step leaves no trace: statistics, D and D's optimizer go back to the snapshot."""
         self._restore(snapshot, opt_d)
         self.bad_steps += 1
-        if self.bad_steps > self.cfg.max_bad_steps:
+        if self.bad_steps > self.settings.max_bad_steps:
             raise TrainingDiverged(
                 f"training diverged: {self.bad_steps} steps with a non-finite loss or gradient (train.max_bad_steps "
-                f"= {self.cfg.max_bad_steps}) at epoch {self.current_epoch + 1}; lower train.lr_g/lr_d or use "
+                f"= {self.settings.max_bad_steps}) at epoch {self.current_epoch + 1}; lower train.lr_g/lr_d or use "
                 "train.precision: 32-true"
             )
 
     def _statistics(self) -> list[torch.Tensor]:
         return [*self.generator.buffers(), *self.discriminator.buffers()]
 
-    def training_step(self, batch: dict, batch_idx: int) -> None:
+    def training_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
+        """One D step and one G step; their losses, or None for a step undone as non-finite."""
         opt_g, opt_d = self.optimizers()
         thermal, real = batch["thermal"], batch["visible"]
         snapshot = self._snapshot(opt_d)
-        step = self._simultaneous if self.cfg.update_rule == "simultaneous" else self._alternating
-        with small_convs_as_matmul(self.cfg.small_convs_as_matmul):
+        step = self._simultaneous if self.settings.update_rule == "simultaneous" else self._alternating
+        with small_convs_as_matmul(self.settings.small_convs_as_matmul):
             losses = step(thermal, real, batch, opt_g, opt_d)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if isinstance(scaler, OncePerIterationScaler):
             scaler.end_iteration()
         if losses is None:
             return self._skip(snapshot, opt_d)
-        self.images_seen += len(thermal)
-        self.log_dict(
-            {name: value.detach() for name, value in losses.items()},
-            on_step=False,
-            on_epoch=True,
-            sync_dist=True,
-            batch_size=len(thermal),
-        )
+        losses = {name: value.detach() for name, value in losses.items()}
+        self.log_dict(losses, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(thermal))
+        return losses
 
     def _alternating(
         self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g, opt_d
@@ -197,8 +189,8 @@ class Pix2Pix(LightningModule):
 
         # Discriminator: real pairs -> "real", generated pairs -> "fake".
         loss_d = 0.5 * (
-            adversarial_loss(judge(thermal, real), True, self.cfg.gan_mode)
-            + adversarial_loss(judge(thermal, fake.detach()), False, self.cfg.gan_mode)
+            adversarial_loss(judge(thermal, real), True, self.settings.gan_mode)
+            + adversarial_loss(judge(thermal, fake.detach()), False, self.settings.gan_mode)
         )
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(loss_d)
@@ -211,7 +203,7 @@ class Pix2Pix(LightningModule):
         with frozen(self.discriminator):
             judged_fake = self.discriminator(thermal, fake)
         judged_real = None
-        if self.cfg.lambda_feat > 0:
+        if self.settings.lambda_feat > 0:
             with torch.no_grad():  # the targets of feature matching, from the same (updated) D as judged_fake
                 judged_real = self.discriminator(thermal, real)
         losses = {"loss_d": loss_d, **self.generator_losses(real, fake, judged_fake, judged_real, batch)}
@@ -232,8 +224,8 @@ class Pix2Pix(LightningModule):
         fake = generate(thermal)
         judged_real, judged_fake = judge(thermal, real), judge(thermal, fake)  # fake not detached: G's loss uses it
         loss_d = 0.5 * (
-            adversarial_loss(judged_real, True, self.cfg.gan_mode)
-            + adversarial_loss(judged_fake, False, self.cfg.gan_mode)
+            adversarial_loss(judged_real, True, self.settings.gan_mode)
+            + adversarial_loss(judged_fake, False, self.settings.gan_mode)
         )
         losses = {"loss_d": loss_d, **self.generator_losses(real, fake, judged_fake, judged_real, batch)}
 
@@ -261,15 +253,15 @@ class Pix2Pix(LightningModule):
         batch: dict,
     ) -> dict[str, torch.Tensor]:
         """G's losses from D's outputs on the generated pair (and on the real pair, for feature matching)."""
-        loss_gan = adversarial_loss(judged_fake, True, self.cfg.gan_mode)
+        loss_gan = adversarial_loss(judged_fake, True, self.settings.gan_mode)
         loss_l1 = F.l1_loss(fake.float(), real.float())
-        losses = {"loss_gan": loss_gan, "loss_l1": loss_l1, "loss_g": loss_gan + self.cfg.lambda_l1 * loss_l1}
-        if self.cfg.lambda_feat > 0:
+        losses = {"loss_gan": loss_gan, "loss_l1": loss_l1, "loss_g": loss_gan + self.settings.lambda_l1 * loss_l1}
+        if self.settings.lambda_feat > 0:
             losses["loss_feat"] = feature_matching(judged_fake, judged_real)
-            losses["loss_g"] = losses["loss_g"] + self.cfg.lambda_feat * losses["loss_feat"]
+            losses["loss_g"] = losses["loss_g"] + self.settings.lambda_feat * losses["loss_feat"]
         if self.recognizer is not None:
             losses["loss_id"] = F.cross_entropy(self.recognizer(fake).float(), batch["identity"])
-            losses["loss_g"] = losses["loss_g"] + self.cfg.lambda_id * losses["loss_id"]
+            losses["loss_g"] = losses["loss_g"] + self.settings.lambda_id * losses["loss_id"]
         return losses
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -278,21 +270,10 @@ class Pix2Pix(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.bad_steps = upgraded_checkpoint(checkpoint)["bad_steps"]
 
-    def on_train_epoch_start(self) -> None:
-        self.images_seen = 0
-        self.epoch_started = time.perf_counter()
-
-    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
-        self.train_seconds = time.perf_counter() - self.epoch_started  # loading + steps, not validation
-
     def on_train_epoch_end(self) -> None:
         opt_g, _ = self.optimizers()
-        images_per_s = self.images_seen * self.trainer.world_size / max(self.train_seconds, 1e-9)
         # "step" sets the MLflow step: epochs, not Lightning's global_step (which counts both optimizers' steps).
-        self.log_dict(
-            {"lr": opt_g.param_groups[0]["lr"], "images_per_s": images_per_s, "step": float(self.current_epoch + 1)},
-            sync_dist=True,
-        )
+        self.log_dict({"lr": opt_g.param_groups[0]["lr"], "step": float(self.current_epoch + 1)}, sync_dist=True)
         for scheduler in self.lr_schedulers() or []:
             scheduler.step()
 
@@ -307,7 +288,7 @@ class Pix2Pix(LightningModule):
         thermal, real = batch["thermal"], batch["visible"]
         # Scored as evaluate scores: the fp32 weights that are saved, outside autocast (bf16 cancels SSIM's
         # variance terms: 0.28 against 0.72 on the demo's own model), so val_psnr picks the model it measures.
-        with torch.autocast(self.device.type, enabled=False), as_tested(self.generator, self.cfg.test_mode):
+        with torch.autocast(self.device.type, enabled=False), as_tested(self.generator, self.settings.test_mode):
             fake = self.generator(thermal.float())
             scores = image_scores(to_unit(fake), to_unit(real))
         for name, values in scores.items():
@@ -317,7 +298,7 @@ class Pix2Pix(LightningModule):
         return fake
 
     def configure_optimizers(self):
-        t = self.cfg
+        t = self.settings
         optimizers = [
             torch.optim.Adam(
                 net.parameters(),

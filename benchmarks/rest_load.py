@@ -7,7 +7,7 @@ request; throughput is answered requests over the wall time of the test.
 
 Writes a new benchmarks/results/<date>-load.json and .png (latency histogram; --report names them otherwise, --out
 puts them at a path of your choice); exits 1 if any request failed.
-Usage: python -m benchmarks.load [--clients 8] [--requests 200] [--size 64] [--ngf 32] [--report load] [--out PATH]
+Usage: python -m benchmarks.rest_load [--clients 8] [--requests 200] [--size 64] [--ngf 32] [--report load] [--out PATH]
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from benchmarks.inference import request_frame  # noqa: E402  (the frame the inf
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.inference.export import export_generator  # noqa: E402
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
-from thermal2visible.inference.serving import IMAGE, ServedLimits, pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.serving import IMAGE, ServedLimits  # noqa: E402
+from thermal2visible.inference.packing import pyfunc_arguments  # noqa: E402
 
 from thermal2visible.dev.servers import model_server  # noqa: E402
 

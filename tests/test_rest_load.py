@@ -1,4 +1,4 @@
-"""A short bounded run of benchmarks/load.py: concurrent clients against a real `mlflow models serve`, zero errors."""
+"""A short bounded run of benchmarks/rest_load.py: concurrent clients against a real `mlflow models serve`, zero errors."""
 
 import json
 
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 def test_concurrent_clients_get_every_answer(tmp_path, run_benchmark):
     done = run_benchmark(
-        "load", tmp_path, "--clients", "4", "--requests", "20", "--size", "32", "--ngf", "8", timeout=300
+        "rest_load", tmp_path, "--clients", "4", "--requests", "20", "--size", "32", "--ngf", "8", timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
     (result,) = (tmp_path / "benchmarks" / "results").glob("*-load.json")  # a new dated result
