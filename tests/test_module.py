@@ -635,6 +635,7 @@ def changed(config, key: str):
             float: lambda: value + 0.5,
             tuple: lambda: (*value, 0),
             str: lambda: value + "-changed",
+            dict: lambda: value | {"changed": 1},
         }[type(value)]()
     )
     config = copy.copy(config)

@@ -1,6 +1,6 @@
 """A new generator architecture is one module in models/generators/ and its params: dropped into a copy of the package,
-with no other file changed, it is found by its kind, trains through the train stage, exports with ONNX parity and is
-served."""
+with no other file changed, it is found by its kind, takes its own setting from model.generator_settings (checked by
+the module's own Settings), trains through the train stage, exports with ONNX parity and is served."""
 
 import base64
 import io
@@ -24,24 +24,36 @@ from thermal2visible.inference.packing import pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # train and export stages in subprocesses
 REPO = PACKAGE.parents[1]
-TWO_CONVOLUTIONS = '''"""Two 3x3 convolutions: the smallest generator there is."""
+TWO_CONVOLUTIONS = '''"""Two 3x3 convolutions: the smallest generator there is, `width` channels between them."""
 
+from typing import Annotated
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from thermal2visible.config.schema import SCHEMA
 from thermal2visible.models.generator import Generator, init_weights
 
 
 class TwoConvolutions(Generator):
     kind = "two_convs"
 
+    @dataclass(frozen=True, config=SCHEMA)
+    class Settings:
+        width: Annotated[int, Field(ge=1)]
+
     @staticmethod
     def size_rule(image_size: int) -> str | None:
         return None if image_size % 2 == 0 else f"{image_size} must be even"
 
-    def __init__(self, in_channels, out_channels, image_size, ngf, norm, dropout, recompute):
-        super().__init__(in_channels, out_channels, image_size, ngf, norm, dropout, recompute)
+    def __init__(self, in_channels, out_channels, image_size, ngf, norm, dropout, recompute, width):
+        super().__init__(in_channels, out_channels, image_size, ngf, norm, dropout, recompute, width=width)
         self.layers = nn.Sequential(
-            nn.Conv2d(in_channels, ngf, 3, padding=1), nn.ReLU(), nn.Conv2d(ngf, out_channels, 3, padding=1), nn.Tanh()
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, out_channels, 3, padding=1),
+            nn.Tanh(),
         )
         init_weights(self)
 
@@ -58,7 +70,7 @@ def test_a_generator_module_dropped_into_the_package_trains_exports_and_serves(t
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     (project / "data" / "cache").symlink_to(tiny_cache)
-    write_params(project, "model.generator=two_convs", "early_stop.window=1")
+    write_params(project, "model.generator=two_convs", "model.generator_settings={width: 5}", "early_stop.window=1")
     env = os.environ | {"PYTHONPATH": str(source), "MLFLOW_DISABLE_TELEMETRY": "true"}
     for stage in ("train.py", "export.py"):
         done = subprocess.run(
@@ -77,7 +89,17 @@ def test_a_generator_module_dropped_into_the_package_trains_exports_and_serves(t
         text=True,
         check=True,
     )
-    assert "'generator': 'two_convs'" in trained.stdout
+    assert "'generator': 'two_convs'" in trained.stdout and "'width': 5" in trained.stdout  # its own setting, kept
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "pipelines" / "train.py"), "--set", "model.generator_settings={width: 0}"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1 and "model.generator_settings.width: Input should be greater than or equal to 1" in (
+        refused.stderr
+    )
     assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
 
     limits = ServedLimits.of(shipped("serve"))

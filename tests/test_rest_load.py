@@ -1,4 +1,5 @@
-"""A short bounded run of benchmarks/rest_load.py: concurrent clients against a real `mlflow models serve`, zero errors."""
+"""A short bounded run of benchmarks/rest_load.py: concurrent clients against a real `mlflow models serve`, no
+errors."""
 
 import json
 

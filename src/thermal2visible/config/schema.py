@@ -103,6 +103,8 @@ class LoaderConfig:
 @dataclass(frozen=True, config=SCHEMA)
 class ModelConfig:
     generator: str = defines_weights(before="unet")  # a module of models/generators/ (models/networks.py)
+    # model.generator's own settings, checked by its module's `Settings` (models/networks.py); unet and resnet: none
+    generator_settings: dict[str, int | float | bool | str] = defines_weights(before={})
     ngf: int = defines_weights()
     ndf: int = defines_weights()
     discriminator_scales: Literal[1, 2, 3] = defines_weights(before=1)

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from thermal2visible.config.schema import TrainConfig
+from pydantic.dataclasses import dataclass
+
+from thermal2visible.config.schema import SCHEMA, TrainConfig
 from thermal2visible.models.small_convs import ACTIVE_SIDE, small_convs_as_matmul
 
 
@@ -97,20 +99,35 @@ def recomputed_as_run(block: nn.Module, small_convs_side: int):
         yield
 
 
+@dataclass(frozen=True, config=SCHEMA)
+class NoSettings:
+    """The settings of a generator that has none of its own."""
+
+
 class Generator(nn.Module):
     """What every generator architecture (a module of models/generators/) is: an nn.Module with a `kind` (the value
-    of model.generator that picks it) and a `size_rule` (why an image size does not fit it, or None), built from the
-    arguments every generator takes; `config` is what is saved with its weights to rebuild it
+    of model.generator that picks it), a `size_rule` (why an image size does not fit it, or None) and its own
+    `Settings` (a schema dataclass of the keys model.generator_settings gives it), built from the arguments every
+    generator takes and its own settings; `config` is what is saved with its weights to rebuild it
     (models.networks.build_generator)."""
 
     kind: str
+    Settings: type = NoSettings
 
     @staticmethod
     def size_rule(image_size: int) -> str | None:
         raise NotImplementedError
 
     def __init__(
-        self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
+        self,
+        in_channels: int,
+        out_channels: int,
+        image_size: int,
+        ngf: int,
+        norm: str,
+        dropout: float,
+        recompute: bool,
+        **settings,
     ):
         super().__init__()
         if self.size_rule(image_size):
@@ -125,6 +142,7 @@ class Generator(nn.Module):
             "ngf": ngf,
             "norm": norm,
             "dropout": dropout,
+            **settings,
         }
 
 
