@@ -71,7 +71,7 @@ from thermal2visible.data.cache import array_file, load_manifest  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible  # noqa: E402
-from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers  # noqa: E402
+from thermal2visible.models.discriminators.patchgan import PatchDiscriminator, patch_layers  # noqa: E402
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
 from thermal2visible.pixels import to_model  # noqa: E402
 from thermal2visible.training.allocator import keep_freed_memory  # noqa: E402
@@ -130,7 +130,9 @@ def memory_batches(cache: Path, size: int, batch: int, count: int) -> list[tuple
 
 class PlainPix2Pix:
     """The reference pix2pix step in plain PyTorch: D on real and generated pairs, D steps, then G against the
-    updated D (D frozen) plus lambda * L1, G steps. Same networks, losses and optimizer settings as the project."""
+    updated D (D frozen) plus lambda * L1, G steps. Same networks, losses and optimizer settings as the project.
+    Kept beside the real module on purpose: it is the baseline every speed ratio is taken against (what the public
+    pix2pix code's loop costs), so it must stay free of the project's step machinery."""
 
     def __init__(self, model: ModelConfig, size: int, visible_channels: int = 3):
         train = SHIPPED.train

@@ -55,7 +55,7 @@ from thermal2visible.training.resume import (
     run_fingerprint,
 )
 from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
-from thermal2visible.models.networks import generator_class
+from thermal2visible.models.networks import check_networks
 from thermal2visible.paths import (
     BEST_GENERATOR,
     CACHE,
@@ -113,7 +113,7 @@ def stop_like_sigterm_on_ctrl_c() -> None:
 
 def main(params: Params) -> None:
     t = params.train
-    generator_class(params.model, params.preprocess.image_size)  # refused by name before any data is read
+    check_networks(params.model, params.preprocess.image_size)  # refused by name before any data is read
     if not (CACHE / MANIFEST).is_file():
         raise PipelineError(f"{CACHE / MANIFEST}: missing; run the preprocess stage first (dvc repro preprocess)")
     seed_everything(t.seed, workers=True, verbose=False)

@@ -13,7 +13,7 @@ from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.config.schema import SECTIONS
 from thermal2visible.config.stored import marked, stored_section, weight_defining
 from thermal2visible.errors import ConfigError
-from thermal2visible.models.networks import generator_class
+from thermal2visible.models.networks import check_networks
 from thermal2visible.experiment import dvc_command
 
 REPO_PARAMS = SHIPPED_FROM
@@ -82,7 +82,7 @@ def test_the_generator_and_discriminator_scales_fit_the_image_size(overrides, re
 
     def check() -> None:
         params = load_params(REPO_PARAMS, overrides)
-        generator_class(params.model, params.preprocess.image_size)
+        check_networks(params.model, params.preprocess.image_size)
 
     if refusal is None:
         check()
@@ -91,10 +91,19 @@ def test_the_generator_and_discriminator_scales_fit_the_image_size(overrides, re
             check()
 
 
-def test_a_generator_kind_that_is_not_there_is_named_with_the_ones_that_are():
-    params = load_params(REPO_PARAMS, ["model.generator=vae"])
-    with pytest.raises(ConfigError, match=re.escape("model.generator: 'vae' is not one of ['resnet', 'unet']")):
-        generator_class(params.model, params.preprocess.image_size)
+@pytest.mark.parametrize(
+    "override, refusal",
+    [
+        ("model.generator=vae", "model.generator: 'vae' is not one of ['resnet', 'unet']"),
+        ("model.discriminator=critic", "model.discriminator: 'critic' is not one of ['patchgan']"),
+        ("model.generator_settings={depth: 4}", "model.generator_settings.depth: Unexpected keyword argument"),
+        ("model.discriminator_settings={depth: 4}", "model.discriminator_settings.depth: Unexpected keyword argument"),
+    ],
+)
+def test_a_network_kind_or_setting_that_is_not_there_is_named(override, refusal):
+    params = load_params(REPO_PARAMS, [override])
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        check_networks(params.model, params.preprocess.image_size)
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.models.discriminator import (
+from thermal2visible.models.discriminators.patchgan import (
     MultiScaleDiscriminator,
     PatchDiscriminator,
     layer_outputs,

@@ -18,7 +18,7 @@ from thermal2visible.config.schema import SECTIONS, TrainConfig
 from thermal2visible.config.stored import added_later, marked, weight_defining
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.models.discriminator import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
+from thermal2visible.models.discriminators.patchgan import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
 from thermal2visible.training.losses import adversarial_loss, feature_matching, gan_loss
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, linear_decay, scaled_lr
 from thermal2visible.models.networks import build_networks

@@ -1,6 +1,7 @@
-"""A new generator architecture is one module in models/generators/ and its params: dropped into a copy of the package,
-with no other file changed, it is found by its kind, takes its own setting from model.generator_settings (checked by
-the module's own Settings), trains through the train stage, exports with ONNX parity and is served."""
+"""A new network architecture is one module in models/generators/ or models/discriminators/ and its params: dropped
+into a copy of the package, with no other file changed, each is found by its kind; the generator takes its own setting
+from model.generator_settings (checked by the module's own Settings); the pair trains through the train stage, and
+the generator exports with ONNX parity and is served."""
 
 import base64
 import io
@@ -14,6 +15,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from PIL import Image
 
 from shipped import shipped
@@ -62,15 +64,39 @@ class TwoConvolutions(Generator):
 '''
 
 
+ONE_CONVOLUTION = '''"""A discriminator of one strided convolution and its logits."""
+
+import torch
+from torch import nn
+
+from thermal2visible.models.discriminator import Discriminator
+
+
+class OneConvolution(Discriminator):
+    kind = "one_conv"
+
+    def __init__(self, in_channels, ndf, norm, image_size, scales):
+        super().__init__(in_channels, ndf, norm, image_size, scales)
+        self.features = nn.Sequential(nn.Conv2d(in_channels, ndf, 4, 2, 1), nn.LeakyReLU(0.2))
+        self.logits = nn.Conv2d(ndf, 1, 4, 1, 1)
+
+    def forward(self, thermal, visible):
+        features = self.features(torch.cat([thermal, visible], dim=1))
+        return [[features, self.logits(features)]]
+'''
+
+
 @pytest.mark.timeout(300)
 def test_a_generator_module_dropped_into_the_package_trains_exports_and_serves(tmp_path, tiny_cache, write_params):
     source = tmp_path / "src"
     shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
     (source / PACKAGE.name / "models" / "generators" / "two_convs.py").write_text(TWO_CONVOLUTIONS)
+    (source / PACKAGE.name / "models" / "discriminators" / "one_conv.py").write_text(ONE_CONVOLUTION)
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     (project / "data" / "cache").symlink_to(tiny_cache)
-    write_params(project, "model.generator=two_convs", "model.generator_settings={width: 5}", "early_stop.window=1")
+    networks = ("model.generator=two_convs", "model.generator_settings={width: 5}", "model.discriminator=one_conv")
+    write_params(project, *networks, "early_stop.window=1")
     env = os.environ | {"PYTHONPATH": str(source), "MLFLOW_DISABLE_TELEMETRY": "true"}
     for stage in ("train.py", "export.py"):
         done = subprocess.run(
@@ -90,6 +116,8 @@ def test_a_generator_module_dropped_into_the_package_trains_exports_and_serves(t
         check=True,
     )
     assert "'generator': 'two_convs'" in trained.stdout and "'width': 5" in trained.stdout  # its own setting, kept
+    state = torch.load(project / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert "discriminator.logits.weight" in state  # the dropped-in discriminator is the one that trained
     refused = subprocess.run(
         [sys.executable, str(REPO / "pipelines" / "train.py"), "--set", "model.generator_settings={width: 0}"],
         cwd=project,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from thermal2visible.models.discriminator import PatchDiscriminator, patch_layers
+from thermal2visible.models.discriminators.patchgan import PatchDiscriminator, patch_layers
 from thermal2visible.models.generators.unet import UNetGenerator
 from thermal2visible.models.small_convs import SmallConvsAsMatmul, conv2d_as_matmul, conv_transpose2d_as_matmul
 from thermal2visible.training.module import Pix2Pix

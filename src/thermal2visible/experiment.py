@@ -23,7 +23,7 @@ import torch
 from thermal2visible.cli import add_overrides
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.errors import ConfigError
-from thermal2visible.models.networks import generator_class
+from thermal2visible.models.networks import check_networks
 from thermal2visible.training.precision import resolve_accelerator
 
 MLPROJECT_USAGE = 'the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"'
@@ -39,7 +39,7 @@ def refuse_unrunnable(settings: list[str]) -> None:
     """ConfigError when params.yaml with `settings` is invalid, names a generator that is not there or does not take
     the image size, or needs devices this machine does not have."""
     params = load_params(overrides=settings)
-    generator_class(params.model, params.preprocess.image_size)
+    check_networks(params.model, params.preprocess.image_size)
     train = params.train
     if resolve_accelerator(train.accelerator) == "gpu" and train.devices > torch.cuda.device_count():
         raise ConfigError(

@@ -107,6 +107,8 @@ class ModelConfig:
     generator_settings: dict[str, int | float | bool | str] = defines_weights(before={})
     ngf: int = defines_weights()
     ndf: int = defines_weights()
+    discriminator: str = defines_weights(before="patchgan")  # a module of models/discriminators/
+    discriminator_settings: dict[str, int | float | bool | str] = defines_weights(before={})  # as generator_settings
     discriminator_scales: Literal[1, 2, 3] = defines_weights(before=1)
     norm: Literal["batch", "instance", "none"] = defines_weights()
     dropout: Annotated[float, Field(ge=0, lt=1)] = defines_weights()  # 1 would drop every activation

@@ -12,51 +12,70 @@ from torch import nn
 from thermal2visible.config.schema import ModelConfig
 from thermal2visible.errors import ConfigError
 from thermal2visible.imports import package_modules
-from thermal2visible.models.discriminator import MultiScaleDiscriminator
+from thermal2visible.models.discriminator import Discriminator
 from thermal2visible.models.generator import Generator
 
-GENERATORS: dict[str, type[Generator]] = {
-    network.kind: network
-    for module in package_modules("thermal2visible.models.generators")
-    for network in vars(module).values()
-    if isinstance(network, type) and issubclass(network, Generator) and "kind" in vars(network)
-}
+
+def found(modules: list, base: type) -> dict[str, type]:
+    """kind -> class, for every subclass of `base` with a `kind` of its own in `modules`."""
+    return {
+        network.kind: network
+        for module in modules
+        for network in vars(module).values()
+        if isinstance(network, type) and issubclass(network, base) and "kind" in vars(network)
+    }
 
 
-def generator_class(model: ModelConfig, image_size: int) -> type[Generator]:
-    """The class model.generator names, checked to take `image_size` (preprocess.image_size) and
-    model.generator_settings; a ConfigError naming the key otherwise."""
-    if model.generator not in GENERATORS:
-        raise ConfigError(f"model.generator: {model.generator!r} is not one of {sorted(GENERATORS)}")
-    why_not = GENERATORS[model.generator].size_rule(image_size)
-    if why_not:
-        raise ConfigError(f"preprocess.image_size: {why_not} (model.generator: {model.generator})")
-    generator_settings(model)
-    return GENERATORS[model.generator]
+# The package names are written out: that is how imports.py sees that these folders' modules are imported.
+GENERATORS: dict[str, type[Generator]] = found(package_modules("thermal2visible.models.generators"), Generator)
+DISCRIMINATORS: dict[str, type[Discriminator]] = found(
+    package_modules("thermal2visible.models.discriminators"), Discriminator
+)
+ROLES = {"generator": GENERATORS, "discriminator": DISCRIMINATORS}  # model.<role> names a kind of each
 
 
-def generator_settings(model: ModelConfig) -> dict:
-    """model.generator_settings checked by the generator's own `Settings`; a ConfigError naming each bad key."""
+def network_class(model: ModelConfig, role: str) -> type:
+    """The class model.<role> names; a ConfigError naming the key otherwise."""
+    kind, kinds = getattr(model, role), ROLES[role]
+    if kind not in kinds:
+        raise ConfigError(f"model.{role}: {kind!r} is not one of {sorted(kinds)}")
+    return kinds[kind]
+
+
+def own_settings(model: ModelConfig, role: str) -> dict:
+    """model.<role>_settings checked by the network's own `Settings`; a ConfigError naming each bad key."""
+    key = f"{role}_settings"
     try:
-        checked = TypeAdapter(GENERATORS[model.generator].Settings)  # by JSON's rules, as params.yaml is read
-        settings = checked.validate_json(json.dumps(model.generator_settings))
+        checked = TypeAdapter(network_class(model, role).Settings)  # by JSON's rules, as params.yaml is read
+        settings = checked.validate_json(json.dumps(getattr(model, key)))
     except ValidationError as error:
         raise ConfigError(
             "\n".join(
-                f"model.generator_settings.{'.'.join(map(str, problem['loc']))}: {problem['msg']} "
-                f"(model.generator: {model.generator})"
+                f"model.{key}.{'.'.join(map(str, problem['loc']))}: {problem['msg']} "
+                f"(model.{role}: {getattr(model, role)})"
                 for problem in error.errors()
             )
         ) from None
     return dataclasses.asdict(settings)
 
 
+def check_networks(model: ModelConfig, image_size: int) -> None:
+    """A ConfigError naming the key, before any data is read, for a kind that does not exist, settings its
+    `Settings` refuses, or an `image_size` (preprocess.image_size) the generator's size rule refuses."""
+    for role in ROLES:
+        own_settings(model, role)
+    why_not = network_class(model, "generator").size_rule(image_size)
+    if why_not:
+        raise ConfigError(f"preprocess.image_size: {why_not} (model.generator: {model.generator})")
+
+
 def build_networks(
     model: ModelConfig, image_size: int, thermal_channels: int, visible_channels: int
 ) -> tuple[nn.Module, nn.Module]:
-    """The generator model.generator names and the (multi-scale) PatchGAN, initialised in that order, for
-    `image_size` squares: what training/module.Pix2Pix trains."""
-    generator = generator_class(model, image_size)(
+    """The generator model.generator names and the discriminator model.discriminator names, initialised in that
+    order, for `image_size` squares: what training/module.Pix2Pix trains."""
+    check_networks(model, image_size)
+    generator = network_class(model, "generator")(
         thermal_channels,
         visible_channels,
         image_size,
@@ -64,10 +83,15 @@ def build_networks(
         model.norm,
         model.dropout,
         model.recompute,
-        **generator_settings(model),
+        **own_settings(model, "generator"),
     )
-    discriminator = MultiScaleDiscriminator(
-        thermal_channels + visible_channels, model.ndf, model.norm, image_size, model.discriminator_scales
+    discriminator = network_class(model, "discriminator")(
+        thermal_channels + visible_channels,
+        model.ndf,
+        model.norm,
+        image_size,
+        model.discriminator_scales,
+        **own_settings(model, "discriminator"),
     )
     return generator, discriminator
 
