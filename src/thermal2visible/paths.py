@@ -1,5 +1,5 @@
-"""Where every stage reads and writes, relative to the project folder. dvc.yaml names the same paths
-(tests/test_dvc_pipeline.py checks that they agree)."""
+"""Where every stage reads and writes, relative to the project folder. dvc.yaml declares the same outputs
+(tests/test_dvc_pipeline.py checks that every path of STAGE_OUTPUTS lies in one, and that each one holds one)."""
 
 from pathlib import Path
 
@@ -13,7 +13,6 @@ ALIGN_OVERLAY = Path("reports/align_overlay.png")
 RECOGNIZER = Path("models/recognizer.pt")
 GENERATOR = Path("models/generator.pt")
 ONNX = Path("models/generator.onnx")
-ONNX_INT8 = Path("models/generator.int8.onnx")
 
 RECOGNIZER_METRICS = Path("metrics/recognizer.json")
 TRAIN_METRICS = Path("metrics/train.json")
@@ -22,6 +21,10 @@ PSNR_CURVE = Path("reports/psnr_curve.png")
 EVAL_METRICS = Path("metrics/eval.json")
 EVAL_GRID = Path("reports/eval_grid.png")
 EXPORT_METRICS = Path("metrics/export.json")
+# Every path above: what the stages write, each inside an output dvc.yaml declares (tests/test_dvc_pipeline.py).
+STAGE_OUTPUTS = tuple(value for value in dict(globals()).values() if isinstance(value, Path))
+# Written by export only with export.int8: an output dvc.yaml cannot declare for some params and not others.
+ONNX_INT8 = Path("models/generator.int8.onnx")
 
 # Not stage outputs: the project's own folders, reports that commands outside the pipeline write, and the train
 # stage's resume state (a means to an output, not a result: it never travels through a DVC remote).
