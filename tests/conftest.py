@@ -107,7 +107,7 @@ def make_project(repo: Path) -> Path:
     """A fresh git + DVC repo at `repo` holding the project's pipeline files and tiny params, as a user's clone
     would."""
     repo.mkdir(parents=True)
-    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", ".dvcignore"):
+    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", ".dvcignore", "README.md"):
         shutil.copy(REPO / name, repo / name)
     for name in ("pipelines", "src", "params", "examples", "docs"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))

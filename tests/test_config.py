@@ -24,6 +24,8 @@ def test_shipped_params_load_and_flatten():
     flat = params.flat("train", "early_stop")
     assert flat["train.batch_size"] == params.train.batch_size
     assert "early_stop.window" in flat and not any(key.startswith("model.") for key in flat)
+    # a mapping as one param, its JSON text: a logger spreads a dict into keys, or drops an empty one
+    assert params.flat("model")["model.generator_settings"] == "{}"
 
 
 def test_override_is_parsed_as_yaml():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing
 from typing import Annotated, Literal
@@ -215,10 +216,14 @@ class Params:
     mlflow: MlflowConfig
 
     def flat(self, *sections: str) -> dict[str, object]:
-        """`section.key` -> value for the named sections (all when none), as MLflow params want them."""
+        """`section.key` -> value for the named sections (all when none), as MLflow params want them: a mapping
+        (model.generator_settings) as its JSON text, which a logger would otherwise spread into keys, or drop when
+        it is empty."""
         names = sections or tuple(f.name for f in dataclasses.fields(self))
         return {
-            f"{name}.{key}": value for name in names for key, value in dataclasses.asdict(getattr(self, name)).items()
+            f"{name}.{key}": json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+            for name in names
+            for key, value in dataclasses.asdict(getattr(self, name)).items()
         }
 
     @model_validator(mode="after")
