@@ -59,14 +59,15 @@ def own_settings(model: ModelConfig, role: str) -> dict:
     return dataclasses.asdict(settings)
 
 
-def check_networks(model: ModelConfig, image_size: int) -> None:
-    """A ConfigError naming the key, before any data is read, for a kind that does not exist, settings its
-    `Settings` refuses, or an `image_size` (preprocess.image_size) the generator's size rule refuses."""
-    for role in ROLES:
-        own_settings(model, role)
+def check_networks(model: ModelConfig, image_size: int) -> dict[str, dict]:
+    """Each network's own settings (role -> checked settings); a ConfigError naming the key, before any data is
+    read, for a kind that does not exist, settings its `Settings` refuses, or an `image_size`
+    (preprocess.image_size) the generator's size rule refuses."""
+    settings = {role: own_settings(model, role) for role in ROLES}
     why_not = network_class(model, "generator").size_rule(image_size)
     if why_not:
         raise ConfigError(f"preprocess.image_size: {why_not} (model.generator: {model.generator})")
+    return settings
 
 
 def build_networks(
@@ -74,7 +75,7 @@ def build_networks(
 ) -> tuple[nn.Module, nn.Module]:
     """The generator model.generator names and the discriminator model.discriminator names, initialised in that
     order, for `image_size` squares: what training/module.Pix2Pix trains."""
-    check_networks(model, image_size)
+    settings = check_networks(model, image_size)
     generator = network_class(model, "generator")(
         thermal_channels,
         visible_channels,
@@ -83,7 +84,7 @@ def build_networks(
         model.norm,
         model.dropout,
         model.recompute,
-        **own_settings(model, "generator"),
+        **settings["generator"],
     )
     discriminator = network_class(model, "discriminator")(
         thermal_channels + visible_channels,
@@ -91,7 +92,7 @@ def build_networks(
         model.norm,
         image_size,
         model.discriminator_scales,
-        **own_settings(model, "discriminator"),
+        **settings["discriminator"],
     )
     return generator, discriminator
 
