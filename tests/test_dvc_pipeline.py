@@ -66,11 +66,10 @@ def test_dvc_yaml_holds_the_code_deps_its_stages_import():
 
 def test_the_docs_stage_table_is_written_from_dvc_yaml():
     """docs/pipeline.md's diagram and table come from dvc.yaml: every stage has its row, each edge is a real dep."""
-    doc, pipeline = (REPO / docs.DOC).read_text(), (REPO / "dvc.yaml").read_text()
-    assert docs.derived(doc, pipeline, (REPO / "params.yaml").read_text()) == doc, (
+    doc, stages = (REPO / docs.DOC).read_text(), docs.resolved_stages(REPO)
+    assert docs.derived(doc, stages) == doc, (
         "docs/pipeline.md's stage table is stale: run python -m thermal2visible.dev.docs"
     )
-    stages = yaml.safe_load(pipeline)["stages"]
     assert all(f"| {name} | `{stage['cmd'].split()[1]}` |" in doc for name, stage in stages.items())
     assert "  train --> evaluate" in doc and "  evaluate --> train" not in doc
 
@@ -113,19 +112,27 @@ def test_stage_deps_follow_a_new_import_and_keep_data_deps_and_explained_extras(
     assert "# read as a file, not imported" in derived(stage)
 
 
-def test_dvc_yaml_writes_where_the_code_writes():
-    """Every path the code writes as a stage output lies in an output dvc.yaml declares, and every declared output
-    holds one: a stage never writes where DVC does not look, and DVC never waits for what no stage writes."""
-    _, stages = stage_scripts()
-    declared = {
-        Path(next(iter(entry)) if isinstance(entry, dict) else entry)
-        for stage in stages.values()
-        for kind in ("outs", "metrics", "plots")
+def test_each_stage_path_is_written_once_in_dvc_yaml_vars_and_the_code_takes_it_from_there():
+    """dvc.yaml names every data dep and output as `${…}`, never as a literal path, so a path lives only in its vars;
+    each vars path is what exactly one stage declares as output, and thermal2visible.paths holds those same paths."""
+    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    written = [
+        entry if isinstance(entry, str) else next(iter(entry))
+        for stage in pipeline["stages"].values()
+        for kind in ("deps", "outs", "metrics", "plots")
         for entry in stage.get(kind, [])
-    }
-    inside = {path: {out for out in declared if path == out or out in path.parents} for path in paths.STAGE_OUTPUTS}
-    assert all(len(outputs) == 1 for outputs in inside.values()), inside
-    assert set().union(*inside.values()) == declared
+    ]
+    literal = [path for path in written if not path.startswith(("${", "pipelines/", "src/"))]
+    assert not literal, f"dvc.yaml: {literal} written as literal paths; name them in its vars"
+
+    declared = [
+        path
+        for stage in docs.resolved_stages(REPO).values()
+        for kind in docs.WRITES
+        for path in docs.paths(stage.get(kind))
+    ]
+    assert sorted(declared) == sorted(paths.LAYOUT.values())
+    assert set(declared) <= {str(value) for value in vars(paths).values() if isinstance(value, Path)}
 
 
 @pytest.mark.slow  # a real dvc repro

@@ -1,30 +1,36 @@
-"""Where every stage reads and writes, relative to the project folder. dvc.yaml declares the same outputs
-(tests/test_dvc_pipeline.py checks that every path of STAGE_OUTPUTS lies in one, and that each one holds one)."""
+"""Where every stage reads and writes, relative to the project folder. The stages' paths are written once, in dvc.yaml's
+`vars` (its stages declare them as `${paths.…}`), and read from there; the project's own folders are below."""
 
 from pathlib import Path
 
-RAW = Path("data/raw")
-INDEX = Path("data/ingested/index.json")
-INGEST_ERRORS = Path("reports/ingest_errors.json")
-CACHE = Path("data/cache")
-MANIFEST = "manifest.json"  # in every cache folder: what it holds and where it came from
-ALIGN_REPORT = Path("reports/align.json")
-ALIGN_OVERLAY = Path("reports/align_overlay.png")
-RECOGNIZER = Path("models/recognizer.pt")
-GENERATOR = Path("models/generator.pt")
-ONNX = Path("models/generator.onnx")
+import yaml
 
-RECOGNIZER_METRICS = Path("metrics/recognizer.json")
-TRAIN_METRICS = Path("metrics/train.json")
-PSNR_CSV = Path("metrics/psnr.csv")
-PSNR_CURVE = Path("reports/psnr_curve.png")
-EVAL_METRICS = Path("metrics/eval.json")
-EVAL_GRID = Path("reports/eval_grid.png")
-EXPORT_METRICS = Path("metrics/export.json")
-# Every path above: what the stages write, each inside an output dvc.yaml declares (tests/test_dvc_pipeline.py).
-STAGE_OUTPUTS = tuple(value for value in dict(globals()).values() if isinstance(value, Path))
+# dvc.yaml beside the package's src/ folder: the project this code belongs to, wherever the command runs from.
+LAYOUT = next(
+    entry["paths"]
+    for entry in yaml.safe_load((Path(__file__).parents[2] / "dvc.yaml").read_text())["vars"]
+    if isinstance(entry, dict) and "paths" in entry
+)
+RAW = Path(LAYOUT["raw"])
+INGESTED = Path(LAYOUT["ingested"])
+INDEX = INGESTED / "index.json"
+INGEST_ERRORS = Path(LAYOUT["ingest_errors"])
+CACHE = Path(LAYOUT["cache"])
+MANIFEST = "manifest.json"  # in every cache folder: what it holds and where it came from
+ALIGN_REPORT = Path(LAYOUT["align_report"])
+ALIGN_OVERLAY = Path(LAYOUT["align_overlay"])
+RECOGNIZER = Path(LAYOUT["recognizer"])
+RECOGNIZER_METRICS = Path(LAYOUT["recognizer_metrics"])
+GENERATOR = Path(LAYOUT["generator"])
+TRAIN_METRICS = Path(LAYOUT["train_metrics"])
+PSNR_CSV = Path(LAYOUT["psnr_csv"])
+PSNR_CURVE = Path(LAYOUT["psnr_curve"])
+EVAL_METRICS = Path(LAYOUT["eval_metrics"])
+EVAL_GRID = Path(LAYOUT["eval_grid"])
+ONNX = Path(LAYOUT["onnx"])
+EXPORT_METRICS = Path(LAYOUT["export_metrics"])
 # Written by export only with export.int8: an output dvc.yaml cannot declare for some params and not others.
-ONNX_INT8 = Path("models/generator.int8.onnx")
+ONNX_INT8 = ONNX.with_suffix(".int8.onnx")
 
 # Not stage outputs: the project's own folders, reports that commands outside the pipeline write, and the train
 # stage's resume state (a means to an output, not a result: it never travels through a DVC remote).

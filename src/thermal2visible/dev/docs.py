@@ -14,7 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-import yaml
+from dvc.dvcfile import load_file
+from dvc.repo import Repo
 
 from thermal2visible.imports import PACKAGE
 
@@ -41,32 +42,26 @@ def writes(stage: dict) -> str:
     return ", ".join(f"`{path}`" for key in WRITES for path in paths(stage.get(key))) or "-"
 
 
-def diagram(stages: dict, params: dict) -> list[str]:
-    """A mermaid flowchart: an edge from each stage to every stage that depends on what it writes (a dep such as
-    `${data.source}` as params.yaml sets it)."""
-
-    def value(match: re.Match) -> str:
-        section, key = match[1].split(".", 1)
-        return str(params[section][key])
-
+def diagram(stages: dict) -> list[str]:
+    """A mermaid flowchart: an edge from each stage to every stage that depends on what it writes."""
     written = {path: name for name, stage in stages.items() for key in WRITES for path in paths(stage.get(key))}
     edges = dict.fromkeys(
         f"  {written[path]} --> {name}"
         for name, stage in stages.items()
-        for dep in (re.sub(r"\$\{([\w.]+)\}", value, dep) for dep in paths(stage.get("deps")))
+        for dep in paths(stage.get("deps"))
         for path in written
         if dep == path or dep.startswith(path.rstrip("/") + "/")
     )
     return ["```mermaid", "flowchart LR", *edges, "```"]
 
 
-def section(stages: dict, params: dict) -> str:
+def section(stages: dict) -> str:
     rows = [
         f"| {name} | `{stage['cmd'].split()[1]}` | {reads(stage)} | {writes(stage)} | {stage.get('desc', '')} |"
         for name, stage in stages.items()
     ]
     table = ["| stage | script | reads | writes | what |", "|---|---|---|---|---|", *rows]
-    return "\n".join([BEGIN, *diagram(stages, params), "", *table, END])
+    return "\n".join([BEGIN, *diagram(stages), "", *table, END])
 
 
 def summary(path: Path) -> str:
@@ -92,20 +87,23 @@ def between(text: str, begin: str, end: str, written: str) -> str:
     return before + written + rest.split(end, 1)[1]
 
 
-def derived(doc: str, pipeline: str, params: str) -> str:
-    """`doc` with the part between its markers written from `pipeline` and `params` (dvc.yaml's and params.yaml's
-    text)."""
-    return between(doc, BEGIN, END, section(yaml.safe_load(pipeline)["stages"], yaml.safe_load(params)))
+def resolved_stages(project: Path) -> dict:
+    """dvc.yaml's stages as DVC reads them: every `${…}` replaced by its value (dvc.yaml's vars, params.yaml's)."""
+    return load_file(Repo(str(project)), "dvc.yaml").resolver.resolve()["stages"]
+
+
+def derived(doc: str, stages: dict) -> str:
+    """`doc` with the part between its markers written from `stages` (dvc.yaml's, resolved)."""
+    return between(doc, BEGIN, END, section(stages))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m thermal2visible.dev.docs", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if the docs are stale")
     args = parser.parse_args()
-    pipeline, params, readme = (ROOT / name for name in ("dvc.yaml", "params.yaml", README))
     written = {
-        DOC: derived((ROOT / DOC).read_text(), pipeline.read_text(), params.read_text()),
-        README: between(readme.read_text(), PACKAGES_BEGIN, PACKAGES_END, modules_table(PACKAGE)),
+        DOC: derived((ROOT / DOC).read_text(), resolved_stages(ROOT)),
+        README: between((ROOT / README).read_text(), PACKAGES_BEGIN, PACKAGES_END, modules_table(PACKAGE)),
     }
     stale = [name for name, text in written.items() if text != (ROOT / name).read_text()]
     if args.check:

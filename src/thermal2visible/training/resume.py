@@ -1,6 +1,6 @@
 """What training leaves on disk, and the protocol that keeps it whole through kills, signals and restarts.
 
-Files (under `checkpoints/` and `models/`, see paths.py):
+Files (under `checkpoints/` and `models/`, see thermal2visible.paths):
   last.ckpt            Lightning's checkpoint after every epoch: weights, optimizers, schedulers, callbacks'
                        state (early stopping's PSNR history, the MLflow metrics not yet logged), and the run stamp.
   best_generator.pt    the generator payload (models/payloads.py) of the best smoothed-PSNR epoch so far
