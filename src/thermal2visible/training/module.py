@@ -30,6 +30,7 @@ from thermal2visible.models.generator import as_tested
 from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
 from thermal2visible.training.precision import OncePerIterationScaler
+from thermal2visible.training.undo import StepUndo, finite_everywhere
 
 
 class TrainingDiverged(PipelineError):
@@ -84,7 +85,7 @@ class Pix2Pix(LightningModule):
         self.recognizer = recognizer if train.lambda_id > 0 else None
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0
-        self._saved: list[torch.Tensor] = []  # _snapshot's buffers
+        self.undo = StepUndo(generator, discriminator, train.update_rule)
         # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
         # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
         self.replicas: dict[str, nn.Module] = {}
@@ -102,54 +103,9 @@ class Pix2Pix(LightningModule):
             self.recognizer.eval()  # a frozen judge: its batch-norm statistics must not follow generated images
         return self
 
-    def _undoable(self, opt_d) -> list[torch.Tensor]:
-        """What a step may change before it knows it is finite: batch-norm statistics, and under the alternating rule
-        D's weights and optimizer state (D steps before G's loss exists, since G's loss needs the updated D)."""
-        if self.settings.update_rule == "simultaneous":
-            return self._statistics()  # both losses are checked before either network steps
-        moments = [
-            value
-            for weight in self.discriminator.parameters()
-            for value in opt_d.optimizer.state.get(weight, {}).values()
-            if torch.is_tensor(value)
-        ]
-        return [*self._statistics(), *self.discriminator.parameters(), *moments]
-
-    @torch.no_grad()
-    def _snapshot(self, opt_d) -> list[torch.Tensor]:
-        """A copy of `_undoable` in buffers kept from step to step, no allocation (a deepcopy of the state dicts cost
-        15 % of a 64 px step). Before D's first step Adam has no state: the copy is then shorter."""
-        live = self._undoable(opt_d)
-        if len(self._saved) != len(live):
-            self._saved = [tensor.detach().clone() for tensor in live]
-        else:  # a copy_ per tensor: the demo step measured as fast as with torch._foreach_copy_ (docs/performance.md)
-            for saved, tensor in zip(self._saved, live):
-                saved.copy_(tensor)
-        return self._saved
-
-    @torch.no_grad()
-    def _restore(self, snapshot: list[torch.Tensor], opt_d) -> None:
-        live = self._undoable(opt_d)
-        if len(live) != len(snapshot):  # D's first step made Adam's state: undo it by forgetting it
-            for weight in self.discriminator.parameters():
-                opt_d.optimizer.state.pop(weight, None)
-            live = self._undoable(opt_d)
-        for tensor, saved in zip(live, snapshot):
-            tensor.copy_(saved)
-
-    def _finite(self, loss: torch.Tensor, network: nn.Module) -> bool:
-        """Whether `loss` and `network`'s gradients are finite on every process (all skip a step together, or DDP
-        hangs). Under fp16 loss scaling, overflowing gradients are the GradScaler's to skip (it lowers the scale),
-        so only the loss is checked then."""
-        bad = ~torch.isfinite(loss.detach().float())
-        gradients = [weight.grad for weight in network.parameters() if weight.grad is not None]
-        if gradients and getattr(self.trainer.precision_plugin, "scaler", None) is None:
-            bad |= ~torch.isfinite(torch.nn.utils.get_total_norm(gradients))
-        return self.trainer.strategy.reduce(bad.float(), reduce_op="sum").item() == 0
-
-    def _skip(self, snapshot: list[torch.Tensor], opt_d) -> None:
+    def _skip(self, opt_d) -> None:
         """A non-finite step leaves no trace: statistics, D and D's optimizer go back to the snapshot."""
-        self._restore(snapshot, opt_d)
+        self.undo.restore(opt_d)
         self.bad_steps += 1
         if self.bad_steps > self.settings.max_bad_steps:
             raise TrainingDiverged(
@@ -158,14 +114,11 @@ class Pix2Pix(LightningModule):
                 "train.precision: 32-true"
             )
 
-    def _statistics(self) -> list[torch.Tensor]:
-        return [*self.generator.buffers(), *self.discriminator.buffers()]
-
     def training_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
         """One D step and one G step; their losses, or None for a step undone as non-finite."""
         opt_g, opt_d = self.optimizers()
         thermal, real = batch["thermal"], batch["visible"]
-        snapshot = self._snapshot(opt_d)
+        self.undo.snapshot(opt_d)
         step = self._simultaneous if self.settings.update_rule == "simultaneous" else self._alternating
         with small_convs_as_matmul(self.settings.small_convs_as_matmul):
             losses = step(thermal, real, batch, opt_g, opt_d)
@@ -173,7 +126,7 @@ class Pix2Pix(LightningModule):
         if isinstance(scaler, OncePerIterationScaler):
             scaler.end_iteration()
         if losses is None:
-            return self._skip(snapshot, opt_d)
+            return self._skip(opt_d)
         losses = {name: value.detach() for name, value in losses.items()}
         self.log_dict(losses, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(thermal))
         return losses
@@ -194,7 +147,7 @@ class Pix2Pix(LightningModule):
         )
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(loss_d)
-        if not self._finite(loss_d, self.discriminator):
+        if not finite_everywhere(loss_d, self.discriminator, self.trainer):
             return None
         opt_d.step()
 
@@ -209,7 +162,7 @@ class Pix2Pix(LightningModule):
         losses = {"loss_d": loss_d, **self.generator_losses(real, fake, judged_fake, judged_real, batch)}
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(losses["loss_g"])
-        if not self._finite(losses["loss_g"], self.generator):
+        if not finite_everywhere(losses["loss_g"], self.generator, self.trainer):
             return None
         opt_g.step()
         return losses
@@ -234,11 +187,11 @@ class Pix2Pix(LightningModule):
         # wrapper in G's (which passes through D's forward without touching D's weights, so that graph is kept).
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(loss_d, inputs=list(self.discriminator.parameters()), retain_graph=True)
-        if not self._finite(loss_d, self.discriminator):
+        if not finite_everywhere(loss_d, self.discriminator, self.trainer):
             return None
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(losses["loss_g"], inputs=list(self.generator.parameters()))
-        if not self._finite(losses["loss_g"], self.generator):
+        if not finite_everywhere(losses["loss_g"], self.generator, self.trainer):
             return None
         opt_d.step()  # fp16: the loss scale G's gradients carry holds until the iteration ends (OncePerIterationScaler)
         opt_g.step()
