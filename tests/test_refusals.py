@@ -17,8 +17,6 @@ from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import ConfigError
 from thermal2visible.training.precision import resolve_accelerator
 
-pytestmark = pytest.mark.slow
-
 
 def unlabelled_raw(raw: Path, folder: Path) -> Path:
     """The tiny raw set with one person's pairs moved out of their identity folder."""
@@ -72,6 +70,7 @@ def caches(tiny_cache, tmp_path_factory) -> dict[str, Path]:
         ),
     ],
 )
+@pytest.mark.slow
 def test_refused_before_the_first_epoch_naming_the_key(tmp_path, caches, write_params, cache, overrides, message):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "cache").symlink_to(caches[cache])

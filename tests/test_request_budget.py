@@ -26,7 +26,6 @@ from thermal2visible.inference.rest import scoring_app
 from thermal2visible.inference.serving import IMAGE, ServedLimits, Work, to_base64
 from thermal2visible.inference.packing import pyfunc_arguments
 
-pytestmark = pytest.mark.slow  # real server processes
 LIMITS = ServedLimits.of(shipped("serve", max_rows=4, max_request_pixels=3_000_000, max_model_pixels=10**7))
 BODY_LIMIT = 2**20
 
@@ -64,18 +63,21 @@ def invoke(url: str, images: list[str]) -> requests.Response:
     return requests.post(f"{url}/invocations", json={"inputs": {IMAGE: images}}, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_request_within_the_budget_is_translated(url):
     response = invoke(url, [png(ramp(40, 56))] * 4)
     assert response.status_code == 200, response.text
     assert len(response.json()["predictions"]) == 4
 
 
+@pytest.mark.slow
 def test_rows_over_the_budget_are_refused(url):
     response = invoke(url, [png(ramp(8, 8))] * 5)
     assert response.status_code == 400
     assert response.json()["message"] == "5 images in one request; serve.max_rows allows 4"
 
 
+@pytest.mark.slow
 def test_pixels_summed_over_rows_are_refused_before_any_row_is_decoded(url):
     """Two 1500x1000 frames (3.0 M pixels together, inside max_request_pixels) then a third: refused by the sum,
     although its last row is not even an image: the headers are read, no row is decoded."""
@@ -100,6 +102,7 @@ def test_a_volume_or_many_samples_are_refused_from_the_header():
         image_size(samples.getvalue(), "samples.tif", 10**6)
 
 
+@pytest.mark.slow
 def test_a_body_over_the_cap_is_refused_before_it_is_read(url):
     response = requests.post(
         f"{url}/invocations", data=b"{" + b" " * (BODY_LIMIT + 1) + b"}", headers={"content-type": "application/json"}
@@ -107,6 +110,7 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(url):
     assert response.status_code == 413
 
 
+@pytest.mark.slow
 def test_error_replies_are_short_and_never_echo_the_request(url):
     marker = b"NEVER-ECHOED-" * 60_000  # 780 KB, inside the body cap
     malformed = requests.post(f"{url}/invocations", data=b"{" + marker, headers={"content-type": "application/json"})
@@ -120,6 +124,7 @@ def test_error_replies_are_short_and_never_echo_the_request(url):
     assert "nests 2000 levels deep" in nested.json()["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the server's CPU time from Linux's /proc")
 def test_a_request_stops_at_its_cpu_seconds_and_a_504_leaves_no_work_running(onnx_file, tmp_path, monkeypatch):
     frames = [png(ramp(1000, 1500, seed)) for seed in range(4)]  # about a CPU-second each on the tiny model
@@ -144,6 +149,7 @@ def test_a_request_stops_at_its_cpu_seconds_and_a_504_leaves_no_work_running(onn
     assert json.dumps(response.text)  # the 504's body is MLflow's short text
 
 
+@pytest.mark.slow
 def test_the_served_model_stops_at_the_servers_timeout_by_default(onnx_file, tmp_path, monkeypatch):
     """Without MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT set, make serve's model still knows the scoring server's
     timeout (MLflow's default), so abandoned work stops under the default settings too."""

@@ -18,7 +18,6 @@ from thermal2visible.paths import TRAIN_METRICS
 from thermal2visible.studies.queue import shown_experiments
 from figures import assert_drawn
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 TINY_STUDY = (
     "preprocess.image_size=16",
@@ -30,6 +29,7 @@ TINY_STUDY = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_batch_study_runs_its_points_through_dvcs_queue_and_tables_each_experiments_own_run(tmp_path):
     project = tiny_project(tmp_path / "project", baseline=False)
@@ -69,6 +69,7 @@ def test_batch_study_runs_its_points_through_dvcs_queue_and_tables_each_experime
     assert not (project / "models" / "generator.pt").exists()
 
 
+@pytest.mark.slow
 def test_batch_study_outside_a_dvc_project_says_so_and_starts_nothing(tmp_path, write_params):
     write_params(tmp_path)
     result = subprocess.run(
@@ -83,6 +84,7 @@ def test_batch_study_outside_a_dvc_project_says_so_and_starts_nothing(tmp_path, 
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_the_same_faces(
     tmp_path, write_params, run_stage_script

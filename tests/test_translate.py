@@ -27,7 +27,6 @@ from thermal2visible.inference.serving import IMAGE, ServedLimits, to_base64
 from thermal2visible.inference.packing import pyfunc_arguments
 from thermal2visible.inference.video import translate_video
 
-pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATE = ROOT / "pipelines" / "translate.py"
 
@@ -96,6 +95,7 @@ def translated(onnx_model, frames, tmp_path_factory) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_every_frame_becomes_a_png_of_its_size(frames, translated):
     written = sorted(str(path.relative_to(translated)) for path in translated.rglob("*.png"))
     assert written == ["a.png", "c.png", "d.png", "person/b.png"]
@@ -104,6 +104,7 @@ def test_every_frame_becomes_a_png_of_its_size(frames, translated):
     assert pixels((translated / "c.png").read_bytes()).shape == (30, 50, 3)
 
 
+@pytest.mark.slow
 def test_cli_gives_the_rest_pixels(url, frames, translated):
     for name, source in [("a.png", "a.png"), ("c.png", "c.tiff"), ("d.png", "d.JPG"), ("person/b.png", "person/b.png")]:
         body = {"dataframe_records": [{IMAGE: to_base64((frames / source).read_bytes())}]}
@@ -113,6 +114,7 @@ def test_cli_gives_the_rest_pixels(url, frames, translated):
         np.testing.assert_array_equal(pixels((translated / name).read_bytes()), pixels(served))
 
 
+@pytest.mark.slow
 def test_model_uri_and_onnx_file_agree(pyfunc_dir, frames, translated, tmp_path):
     result = run_translate(pyfunc_dir, frames, tmp_path)
     assert result.returncode == 0, result.stderr
@@ -120,6 +122,7 @@ def test_model_uri_and_onnx_file_agree(pyfunc_dir, frames, translated, tmp_path)
         assert (tmp_path / path.relative_to(translated)).read_bytes() == path.read_bytes()
 
 
+@pytest.mark.slow
 def test_bad_file_is_named_and_the_rest_translated(onnx_model, frames, tmp_path):
     source = tmp_path / "in"
     source.mkdir()
@@ -140,6 +143,7 @@ def test_bad_file_is_named_and_the_rest_translated(onnx_model, frames, tmp_path)
         ("{onnx}", "empty", "no images (.png, .jpg, .jpeg, .tif, .tiff) found"),
     ],
 )
+@pytest.mark.slow
 def test_bad_arguments_say_what_is_wrong(onnx_model, frames, tmp_path, model, folder, message):
     (tmp_path / "empty").mkdir()
     source = frames if folder == "frames" else tmp_path / folder
@@ -190,6 +194,7 @@ def overlapping(tmp_path: Path, frames: Path, case: str) -> tuple[Path, Path, st
         "video read through a link, written to its target",
     ],
 )
+@pytest.mark.slow
 def test_an_output_that_is_in_holds_or_is_the_input_is_refused(onnx_model, frames, tmp_path, case):
     """Translating would overwrite the 16-bit originals with RGB PNGs (or a video with its translation), or mix
     outputs among them: refused naming both paths, nothing written, exit 1."""
@@ -216,6 +221,7 @@ def video_facts(path: Path) -> tuple[int, int, int, object, np.ndarray]:
         return len(frames), stream.width, stream.height, stream.average_rate, frames[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width, height", [(48, 40), (45, 33)], ids=["even", "odd-sides"])
 def test_video_round_trips_frame_count_size_and_rate(onnx_model, pyfunc_dir, tmp_path, width, height):
     source = write_video(tmp_path / "thermal.mp4", frames=12, width=width, height=height, fps=15)
@@ -244,6 +250,7 @@ class Stretch:
         return np.round((frame - frame.min()) / max(spread, 1) * 255).astype(np.uint8)
 
 
+@pytest.mark.slow
 def test_sixteen_bit_video_keeps_its_sixteen_bits(pyfunc_dir, tmp_path):
     """A lossless 16-bit grey recording (FFV1 gray16le in .mkv) whose picture lives in the low byte: read as
     8 bits it would be one flat grey; read as 16 bits it is a ramp. The real model keeps count, size and rate."""
@@ -262,6 +269,7 @@ def test_sixteen_bit_video_keeps_its_sixteen_bits(pyfunc_dir, tmp_path):
     assert video_facts(tmp_path / "visible.mkv")[:4] == (4, 40, 30, 9)
 
 
+@pytest.mark.slow
 def test_video_streams_memory_does_not_grow_with_length(pyfunc_dir, tmp_path):
     """Ten times the frames, the same peak: no frame is kept (a kept 320x256 RGB frame is 240 kB: 100 are 24 MB)."""
     model = mlflow.pyfunc.load_model(str(pyfunc_dir)).unwrap_python_model()
