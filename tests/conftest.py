@@ -130,6 +130,19 @@ def project_copy(tmp_path) -> Path:
     return make_project(tmp_path / "project")
 
 
+@pytest.fixture(scope="session")
+def pipeline_project(tmp_path_factory) -> Path:
+    """A project in which the whole tiny pipeline has run (`dvc repro`): its outputs, dvc.lock and MLflow store
+    (mlflow.db), shared by the tests that only read it or clone it."""
+    repo = make_project(tmp_path_factory.mktemp("pipeline") / "project")
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # stages' python
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("dvc")), "repro"], cwd=repo, capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return repo
+
+
 @pytest.fixture(autouse=True)
 def no_inherited_mlflow_context(monkeypatch):
     """`mlflow.set_experiment` (in fixtures too) exports MLFLOW_EXPERIMENT_ID: no test's subprocess inherits it."""

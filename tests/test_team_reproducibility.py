@@ -22,7 +22,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import make_project
+import yaml
 from mlflow import MlflowClient
 from PIL import Image
 
@@ -59,13 +59,13 @@ def ran(output: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def pushed(tmp_path_factory) -> tuple[Path, Path]:
+def pushed(pipeline_project, tmp_path_factory) -> tuple[Path, Path]:
     """The whole tiny pipeline run in a project and in its clone; the project's record committed and pushed."""
     root = tmp_path_factory.mktemp("team")
-    first, second = make_project(root / "project"), root / "second"
-    git(root, "clone", "-q", str(first), str(second))
-    for repo in (first, second):
-        assert ran(dvc(repo, "repro")) == set(STAGES)
+    first, second = pipeline_project, root / "second"
+    assert set(yaml.safe_load((first / "dvc.lock").read_text())["stages"]) == set(STAGES)
+    git(root, "clone", "-q", str(first), str(second))  # the project as committed, before its run
+    assert ran(dvc(second, "repro")) == set(STAGES)
     dvc(first, "remote", "add", "-d", "team", str(root / "remote"))
     git(first, "add", "-A")
     git(first, "commit", "-qm", "pipeline run")

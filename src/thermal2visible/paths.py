@@ -6,9 +6,15 @@ from pathlib import Path
 import yaml
 
 # dvc.yaml beside the package's src/ folder: the project this code belongs to, wherever the command runs from.
+PROJECT_PIPELINE = Path(__file__).parents[2] / "dvc.yaml"
+if not PROJECT_PIPELINE.is_file():
+    raise ImportError(
+        f"{PROJECT_PIPELINE}: missing; thermal2visible reads its stages' paths from the dvc.yaml of the project "
+        "it belongs to: install it from the project folder (pip install -e .)"
+    )
 LAYOUT = next(
     entry["paths"]
-    for entry in yaml.safe_load((Path(__file__).parents[2] / "dvc.yaml").read_text())["vars"]
+    for entry in yaml.safe_load(PROJECT_PIPELINE.read_text())["vars"]
     if isinstance(entry, dict) and "paths" in entry
 )
 RAW = Path(LAYOUT["raw"])

@@ -29,12 +29,12 @@ def apply_override(raw: dict, override: str) -> None:
     raw[section][key] = yaml.safe_load(value)
 
 
-def _read_sections(path: Path, kind: str) -> dict:
+def _read_sections(path: Path, role: str) -> dict:
     """A YAML file of `section: {key: value}` (params.yaml or a preset), or a ConfigError naming the file."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such {kind} file") from None
+        raise ConfigError(f"{path}: no such {role} file") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict) or not all(isinstance(keys, dict) or keys is None for keys in raw.values()):

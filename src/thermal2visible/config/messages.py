@@ -29,17 +29,17 @@ def reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAMS
     if typing.get_origin(_annotation(location[:-1], schema)) is typing.Union:
         location = location[:-1]  # pydantic names the member of a union that failed: the key is what a reader needs
     inside_a_list = any(isinstance(part, int) for part in problem["loc"])
-    where, value, kind = ".".join(location), problem["input"], problem["type"]
+    where, value, error_type = ".".join(location), problem["input"], problem["type"]
     annotation = _annotation(location, schema)
-    if kind == "unexpected_keyword_argument" and len(location) == 1:
+    if error_type == "unexpected_keyword_argument" and len(location) == 1:
         return f"{where}: unknown section (known: {', '.join(sections)})"
-    if kind == "unexpected_keyword_argument":
+    if error_type == "unexpected_keyword_argument":
         return f"{where}: unknown key (known keys: {', '.join(sorted(sections[location[0]].__dataclass_fields__))})"
-    if kind == "dataclass_type":
+    if error_type == "dataclass_type":
         return f"{where}: expected a mapping of keys, got {value!r}"
-    if kind == "missing" and not inside_a_list:
+    if error_type == "missing" and not inside_a_list:
         return f"{where}: missing ({missing})"
-    if kind == "value_error":  # a validator's own words; a rule across sections names its key itself
+    if error_type == "value_error":  # a validator's own words; a rule across sections names its key itself
         return f"{where}: {problem['ctx']['error']}" if where else str(problem["ctx"]["error"])
     bound = next((f"{BOUNDS[key]} {limit:g}" for key, limit in problem.get("ctx", {}).items() if key in BOUNDS), None)
     if bound:
@@ -49,14 +49,14 @@ def reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAMS
     if typing.get_origin(annotation) is typing.Union:
         members = typing.get_args(annotation)
         return f"{where}: expected {' or '.join(_words(member) for member in members)}, got {value!r}"
-    if kind == "literal_error":
+    if error_type == "literal_error":
         return f"{where}: {value!r} is not one of {list(typing.get_args(annotation))}"
     expected = {
         "int_type": "an integer",
         "float_type": "a number",
         "bool_type": "true or false",
         "string_type": "a string",
-    }.get(kind)
+    }.get(error_type)
     if expected:
         return f"{where}: expected {expected}, got {value!r}"
     return f"{where}: {value!r}: {problem['msg'].replace('Input should', 'should')}"

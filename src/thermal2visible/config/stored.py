@@ -65,8 +65,8 @@ CHECKPOINT_ADDED_LATER = {"bad_steps": 0}  # a training checkpoint: train.max_ba
 def upgraded_payload(payload: dict) -> dict:
     """A generator payload (models/payloads.py) as this version reads it; its `model` section names model.generator
     (one saved before that key existed is of the kind all were then)."""
-    kind = {"generator": added_later()[("model", "generator")]}
-    return PAYLOAD_ADDED_LATER | payload | {"model": kind | payload["model"]}
+    generator = {"generator": added_later()[("model", "generator")]}
+    return PAYLOAD_ADDED_LATER | payload | {"model": generator | payload["model"]}
 
 
 def upgraded_checkpoint(checkpoint: dict) -> dict:

@@ -27,7 +27,7 @@ from thermal2visible.data.align import Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair
 from thermal2visible.data.preprocess import (
     assign_splits,
-    check_thermal_kind,
+    check_thermal_units,
     prepare_thermal,
     prepare_visible,
     sequence_of,
@@ -98,7 +98,7 @@ def read_checked(root: Path, layout: str, max_pixels: int, settings: PreprocessC
     """The decoded pair; a thermal frame whose kind does not fit the normalisation fails naming its file."""
     thermal, visible = read_pair(root, pair, layout, max_pixels)
     try:
-        check_thermal_kind(thermal, settings)
+        check_thermal_units(thermal, settings)
     except PipelineError as error:
         raise PipelineError(f"{root / pair['thermal']}: {error}") from None
     return thermal, visible

@@ -67,9 +67,10 @@ def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
     return np.clip(resized, 0.0, 1.0).astype(np.float32)
 
 
-def check_thermal_kind(image: np.ndarray, settings: PreprocessConfig) -> None:
-    """A frame's kind must fit the normalisation: `temperature` ranges are in a float map's unit, `fixed`
-    ranges in integer counts; mixing them would map every pixel to 0 or 1 without a word."""
+def check_thermal_units(image: np.ndarray, settings: PreprocessConfig) -> None:
+    """A frame's units (integer counts or a float temperature map) must fit the normalisation: `temperature` ranges
+    are in a float map's unit, `fixed` ranges in integer counts; mixing them would map every pixel to 0 or 1 without a
+    word."""
     is_float = image.dtype.kind == "f"
     if settings.thermal_norm == "temperature" and not is_float:
         raise PipelineError(
@@ -103,7 +104,7 @@ def normalise_frame(image: np.ndarray, settings: PreprocessConfig) -> tuple[np.n
     """A uint8/uint16/float HxW or HxWxC thermal frame -> (the whole frame as float32 HxWxC in [0, 1], the
     training view's box). The range comes from the training view alone, as in training: a radiator or a window
     elsewhere in the frame clips instead of rescaling the face."""
-    check_thermal_kind(image, settings)
+    check_thermal_units(image, settings)
     counts = thermal_counts(image)
     box = crop_box(image, settings)
     return apply_range(counts, *thermal_range(_square(counts, box), settings)), box

@@ -39,9 +39,9 @@ def requirements() -> list[str]:
 
 
 @dataclass(frozen=True)
-class ThermalKind:
-    """The kind of thermal frame a model was trained on: what its input example, and a reader of the registry,
-    must be told."""
+class ThermalInput:
+    """The thermal frames a model was trained on: what its input example, and a reader of the registry, must be
+    told."""
 
     dtype: str  # as the cache's manifest recorded it: uint8, uint16 (counts) or float32/float64 (temperatures)
     channels: int
@@ -54,33 +54,33 @@ class ThermalKind:
         )
 
 
-def thermal_kind(settings: ExportedSettings, where: str) -> ThermalKind:
-    """The kind of frame of an .onnx's settings; a PipelineError naming `where` for an export that did not
+def thermal_input(settings: ExportedSettings, where: str) -> ThermalInput:
+    """The thermal frames of an .onnx's settings; a PipelineError naming `where` for an export that did not
     record it."""
     if settings.thermal_dtype is None:
         raise PipelineError(
             f"{where}: its metadata does not say which kind of thermal frame it was trained on "
             "(exported before models recorded thermal_dtype): run the export stage again"
         )
-    return ThermalKind(settings.thermal_dtype, settings.in_channels, settings.preprocess)
+    return ThermalInput(settings.thermal_dtype, settings.in_channels, settings.preprocess)
 
 
-def image_formats(kind: ThermalKind) -> dict[str, str]:
+def image_formats(trained_on: ThermalInput) -> dict[str, str]:
     """What the signature's strings hold (it says only "string"): the MLmodel file's metadata, for a reader of
     the registry."""
     return {
-        "input": f"image: base64 PNG/JPEG/TIFF thermal frame of any size; trained on {kind}",
+        "input": f"image: base64 PNG/JPEG/TIFF thermal frame of any size; trained on {trained_on}",
         "output": "image: base64 8-bit PNG visible frame of the input's width x height, in register with it",
     }
 
 
-def example_frame(kind: ThermalKind) -> np.ndarray:
-    """A small ramp of the kind `kind`: across temperature_range for a temperature map, across the whole range of
+def example_frame(trained_on: ThermalInput) -> np.ndarray:
+    """A small ramp of `trained_on`'s frames: across temperature_range for a temperature map, across the whole range of
     counts for integer frames."""
-    dtype = np.dtype(kind.dtype)
-    low, high = kind.preprocess.temperature_range if dtype.kind == "f" else (0, np.iinfo(dtype).max)
+    dtype = np.dtype(trained_on.dtype)
+    low, high = trained_on.preprocess.temperature_range if dtype.kind == "f" else (0, np.iinfo(dtype).max)
     ramp = np.linspace(low, high, EXAMPLE_SIDE**2).reshape(EXAMPLE_SIDE, EXAMPLE_SIDE).astype(dtype)
-    return ramp if kind.channels == 1 else np.dstack([ramp] * kind.channels)
+    return ramp if trained_on.channels == 1 else np.dstack([ramp] * trained_on.channels)
 
 
 def tiff_bytes(pixels: np.ndarray) -> bytes:
@@ -90,9 +90,9 @@ def tiff_bytes(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def example_request(kind: ThermalKind) -> pd.DataFrame:
+def example_request(trained_on: ThermalInput) -> pd.DataFrame:
     """The input example logged with the model: a frame of the kind it was trained on."""
-    return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(kind)))]})
+    return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(trained_on)))]})
 
 
 def packed_files() -> list[str]:
@@ -124,7 +124,7 @@ def pyfunc_arguments(
     project is not installed. A registered version also carries the cache manifest it was trained on
     (`training_manifest`): which frames it learnt from.
     """
-    kind = thermal_kind(exported_settings(onnx_session(onnx_path), str(onnx_path)), str(onnx_path))
+    trained_on = thermal_input(exported_settings(onnx_session(onnx_path), str(onnx_path)), str(onnx_path))
     artifacts = {"onnx": str(onnx_path)} | ({TRAINING_MANIFEST: str(training_manifest)} if training_manifest else {})
     with packed_code() as code:
         yield dict(
@@ -133,7 +133,7 @@ def pyfunc_arguments(
             code_paths=[str(code)],
             model_config=asdict(limits),
             signature=SIGNATURE,
-            metadata=image_formats(kind),
-            input_example=example_request(kind),
+            metadata=image_formats(trained_on),
+            input_example=example_request(trained_on),
             pip_requirements=requirements(),
         )
