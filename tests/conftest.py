@@ -20,6 +20,7 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402
+from thermal2visible.dev.servers import quiet_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = preset_overrides(REPO / "params" / "tiny.yaml")
@@ -135,9 +136,8 @@ def pipeline_project(tmp_path_factory) -> Path:
     """A project in which the whole tiny pipeline has run (`dvc repro`): its outputs, dvc.lock and MLflow store
     (mlflow.db), shared by the tests that only read it or clone it."""
     repo = make_project(tmp_path_factory.mktemp("pipeline") / "project")
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # stages' python
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("dvc")), "repro"], cwd=repo, capture_output=True, text=True, env=env
+    done = subprocess.run(  # quiet_env: the stages run this interpreter's `python`
+        [str(Path(sys.executable).with_name("dvc")), "repro"], cwd=repo, capture_output=True, text=True, env=quiet_env()
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return repo

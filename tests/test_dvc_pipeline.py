@@ -117,10 +117,10 @@ def test_each_stage_path_is_written_once_in_dvc_yaml_vars_and_the_code_takes_it_
     each vars path is what exactly one stage declares as output, and thermal2visible.paths holds those same paths."""
     pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
     written = [
-        entry if isinstance(entry, str) else next(iter(entry))
+        path
         for stage in pipeline["stages"].values()
-        for kind in ("deps", "outs", "metrics", "plots")
-        for entry in stage.get(kind, [])
+        for kind in ("deps", *docs.WRITES)
+        for path in docs.paths(stage.get(kind))
     ]
     literal = [path for path in written if not path.startswith(("${", "pipelines/", "src/"))]
     assert not literal, f"dvc.yaml: {literal} written as literal paths; name them in its vars"
