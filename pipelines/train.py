@@ -1,9 +1,9 @@
 """Stage `train`: Pix2Pix on data/cache with PSNR early stopping, resumable, tracked in MLflow.
 
-Writes models/generator.pt (the generator of the best smoothed-PSNR epoch), metrics/train.json (the stopping
-decision and the run's fingerprint), metrics/psnr.csv, reports/psnr_curve.png: a pure function of code, params, data
-and the machine's kind, so a rerun reproduces them byte for byte. The MLflow run id and wall-clock seconds go to
-MLflow only (the run is found by its `generator_sha256` tag: tracking.publish). Resume state stays in
+Writes models/generator.pt (the generator of the best smoothed-PSNR epoch, stamped with the run's fingerprint),
+metrics/train.json (the stopping decision), metrics/psnr.csv, reports/psnr_curve.png: a pure function of code,
+params, data and the machine's kind, so a rerun reproduces them byte for byte. The MLflow run id and wall-clock
+seconds go to MLflow only (the run is found by its `generator_sha256` tag: tracking.publish). Resume state stays in
 checkpoints/ (last.ckpt + best_generator.pt), which is no DVC output: it never travels through a DVC remote, and
 a teammate's `dvc pull` leaves nothing to retrain. models/generator.pt is written only when training ends normally.
 Under DDP (train.devices x train.num_nodes > 1) every process runs this script; only rank 0 writes files or logs.
@@ -15,6 +15,7 @@ import thermal2visible.training.shared_cores  # noqa: F401
 import csv
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -36,12 +37,14 @@ from thermal2visible.tracking.publish import TRAINING_SECTIONS
 from thermal2visible.tracking.store import (
     GENERATOR_DIGEST,
     close_abandoned_runs,
+    continued_run,
     data_hash,
     file_digest,
     log_artifact,
     start_run,
 )
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
+from thermal2visible.training.job import decide_resume
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
 from thermal2visible.training.progress import EpochLine
@@ -49,12 +52,17 @@ from thermal2visible.training.precision import RunDevice, run_device
 from thermal2visible.training.resume import (
     ResumeAgreement,
     checkpointing,
-    find_resume,
     last_checkpoint,
     one_training_at_a_time,
     run_fingerprint,
 )
-from thermal2visible.training.trainer import build_trainer, per_process_batch, refuse_unworkable, world_size
+from thermal2visible.training.trainer import (
+    build_trainer,
+    per_process_batch,
+    process_group_backend,
+    refuse_unworkable,
+    world_size,
+)
 from thermal2visible.models.networks import check_networks
 from thermal2visible.paths import (
     BEST_GENERATOR,
@@ -76,12 +84,12 @@ def identity_recognizer(params: Params, identities: list[str]):
     return load_recognizer(RECOGNIZER, identities)
 
 
-def write_outputs(stop: PsnrEarlyStopping, fingerprint: str) -> dict:
+def write_outputs(stop: PsnrEarlyStopping) -> dict:
     GENERATOR.parent.mkdir(parents=True, exist_ok=True)
     staged = GENERATOR.with_name(f"{GENERATOR.name}.{os.getpid()}.tmp")
     shutil.copyfile(BEST_GENERATOR, staged)
     os.replace(staged, GENERATOR)
-    summary = stop.summary() | {"fingerprint": fingerprint}
+    summary = stop.summary()  # numbers only: the fingerprint is in the generator's payload and on the MLflow run
     TRAIN_METRICS.parent.mkdir(parents=True, exist_ok=True)
     TRAIN_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
     with PSNR_CSV.open("w", newline="") as file:
@@ -101,14 +109,25 @@ def weights_digest(network) -> str:
     return digest.hexdigest()[:16]
 
 
-def stop_like_sigterm_on_ctrl_c() -> None:
-    """The first Ctrl-C stops as SIGTERM does (after the current batch, last.ckpt whole); a second one at once."""
+class CtrlC(logging.Filter):
+    """The first Ctrl-C stops as SIGTERM does (after the current batch, last.ckpt whole: Lightning's SIGTERM handling,
+    which also tells the other processes of a job); a second one at once. `pressed` says which of the two stopped the
+    run, and Lightning's "Received SIGTERM" line is left out after a Ctrl-C."""
 
-    def to_sigterm(signum, frame):
+    def __init__(self):
+        super().__init__()
+        self.pressed = False
+        logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector").addFilter(self)
+        signal.signal(signal.SIGINT, self.to_sigterm)
+
+    def to_sigterm(self, signum, frame) -> None:
+        self.pressed = True
+        print("train: interrupted (Ctrl-C): stopping after the current batch; Ctrl-C again to stop at once")
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    signal.signal(signal.SIGINT, to_sigterm)
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.pressed and "Received SIGTERM" in record.getMessage())
 
 
 def main(params: Params) -> None:
@@ -132,8 +151,11 @@ def train(
 ) -> None:
     """The training itself, on the process that holds checkpoints/ (and its DDP peers)."""
     t = params.train
-    resume_from, run_id = find_resume(CHECKPOINTS, fingerprint, t.resume, stale=[BEST_GENERATOR])
+    resume_from, run_id = decide_resume(
+        CHECKPOINTS, fingerprint, t.resume, process_group_backend(device.accelerator), stale=[BEST_GENERATOR]
+    )
     if rank_zero_only.rank == 0:
+        run_id = continued_run(run_id, fingerprint, resume_from) if resume_from else None
         close_abandoned_runs(keep=run_id)
 
     logger = start_run(
@@ -184,14 +206,16 @@ def train(
     )
 
     started = time.perf_counter()
-    stop_like_sigterm_on_ctrl_c()
+    ctrl_c = CtrlC()
     try:
         trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
     except SIGTERMException:
         # Lightning stops after the current batch; the epoch it was in is redone (its loader cannot resume mid-way)
         done = len(stop.history)
+        if logger.run_id:  # Lightning closed it as FAILED: it was stopped, and a later run continues it
+            logger.experiment.set_terminated(logger.run_id, "KILLED")
         raise PipelineError(
-            f"stopped by SIGTERM or Ctrl-C after epoch {done}; "
+            f"stopped by {'Ctrl-C' if ctrl_c.pressed else 'SIGTERM'} after epoch {done}; "
             + (
                 f"{last_checkpoint(CHECKPOINTS)} holds epochs 1-{done}: run again to continue"
                 if done
@@ -213,7 +237,7 @@ def train(
             f"the {stop.window}-epoch moving average of validation PSNR (early_stop.window) existed; raise "
             "train.max_minutes or lower early_stop.window"
         )
-    summary = write_outputs(stop, fingerprint)
+    summary = write_outputs(stop)
     # a tag, not a metric: every metric of the run is a per-epoch curve (the Trainer has finalized the logger anyway)
     logger.experiment.set_tag(logger.run_id, "train_seconds", f"{seconds:.1f}")
     # what the register stage finds this run by: the weights it wrote, not its settings (a torchrun job and a DVC
@@ -224,7 +248,7 @@ def train(
     print(
         f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "
         f"(raw {summary['best_psnr']:.2f} dB); stopped at epoch {summary['stopped_epoch']} of at most "
-        f"{t.max_epochs}; {seconds:.0f} s; {GENERATOR} written"
+        f"{t.max_epochs}; {seconds:.0f} s; {GENERATOR} written (fingerprint {fingerprint})"
         + (f" (continued from {resume_from})" if resume_from else "")
     )
 

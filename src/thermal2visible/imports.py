@@ -1,12 +1,15 @@
 """The package files a script runs: itself and every `thermal2visible` module it imports, transitively (function-level
 imports too, and the modules of a package found with `package_modules`), read from the source with `ast` rather than
-by importing it. What a DVC stage depends on (thermal2visible.dev.stage_deps) and what a registered model packs
-(inference.serving) are derived from it."""
+by importing it. What a DVC stage depends on (thermal2visible.dev.stage_deps), what a registered model packs
+(inference.serving) and the code a training's fingerprint holds (`code_digest`) are derived from it."""
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
+import importlib.metadata
+import json
 import pkgutil
 from pathlib import Path
 from types import ModuleType
@@ -52,7 +55,7 @@ def discovered_folders(path: Path) -> set[Path]:
     return {_module_file(package).parent for package in _discovered_packages(ast.parse(path.read_text(), str(path)))}
 
 
-def _imported_modules(path: Path) -> set[str]:
+def _all_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     names = {module for package in _discovered_packages(tree) for module in _submodules(package)}
     for node in ast.walk(tree):
@@ -61,7 +64,11 @@ def _imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from package import module` imports the module; `from module import name` the module alone
             names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in names if name.split(".")[0] == PACKAGE.name}
+    return names
+
+
+def _imported_modules(path: Path) -> set[str]:
+    return {name for name in _all_imports(path) if name.split(".")[0] == PACKAGE.name}
 
 
 def import_closure(script: Path) -> set[Path]:
@@ -79,3 +86,42 @@ def import_closure(script: Path) -> set[Path]:
                 if found:
                     todo.append(found)
     return seen
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    """`tree` less the docstring of each module, class and function: text for readers, not behaviour."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def libraries(files: set[Path]) -> dict[str, str]:
+    """Distribution -> installed version, for every third-party package `files` import (the standard library's
+    modules belong to no distribution and are left out)."""
+    distributions = importlib.metadata.packages_distributions()
+    tops = {name.split(".")[0] for path in files for name in _all_imports(path)} - {PACKAGE.name}
+    return {
+        distribution: importlib.metadata.version(distribution)
+        for top in tops
+        for distribution in distributions.get(top, ())
+    }
+
+
+def code_digest(script: Path) -> str:
+    """sha256 of what `script` runs: the syntax tree of every file of its import closure (comments, docstrings and
+    layout left out: an edit of those alone keeps the digest) and the version of every library those files import."""
+    files = import_closure(script)
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        tree = _without_docstrings(ast.parse(path.read_text(), str(path)))
+        digest.update(str(path.relative_to(PACKAGE.parents[1])).encode() + b"\0" + ast.dump(tree).encode() + b"\0")
+    digest.update(json.dumps(libraries(files), sort_keys=True).encode())
+    return digest.hexdigest()

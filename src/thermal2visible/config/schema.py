@@ -153,8 +153,8 @@ class TrainConfig:
     sync_batchnorm: bool = defines_weights()
     channels_last: Literal["auto"] | bool = defines_weights(before="auto")  # the layouts' kernels round differently
     compile: bool = defines_weights(before=False)  # generated kernels round differently
-    small_convs_as_matmul: Annotated[int, Field(ge=0)] = run_setting()  # 0: off
-    fused_adam: bool = run_setting()
+    small_convs_as_matmul: Annotated[int, Field(ge=0)] = defines_weights()  # 0: off; matmuls round differently
+    fused_adam: bool = defines_weights()  # fused and foreach Adam round differently
     keep_freed_memory: bool = run_setting()
     resume: Literal["auto", "never"] = run_setting()
     deterministic: bool = run_setting()
@@ -192,6 +192,12 @@ class ServeConfig:
     max_request_pixels: Annotated[int, Field(ge=1)]
     max_request_cpu_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     max_request_bytes: Annotated[int, Field(ge=1024)]
+    workers: Annotated[int, Field(ge=0)]  # 0: one per core
+    worker_memory_mib: Annotated[int, Field(ge=256)]
+    body_read_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    body_deadline_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    max_bodies_in_flight: Annotated[int, Field(ge=1)]
+    max_connections: Annotated[int, Field(ge=1)]
 
 
 @dataclass(frozen=True, config=SCHEMA)

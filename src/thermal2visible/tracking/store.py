@@ -6,9 +6,9 @@ Tracking goes to `MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the projec
 artifacts in ./mlruns (MLflow's default, fixed when the experiment is made). Every run is a Lightning
 `MLFlowLogger`; under DDP only rank 0 creates the run and logs to it.
 
-The data version is `data_hash`: the md5 of data/cache/manifest.json. The manifest names every source file by
-sha256 and the preprocess params, so it changes exactly when the cache's inputs change (unlike the dvc.lock hash
-it exists outside `dvc repro` too, e.g. for a stage run by hand).
+The data version is `data_hash`: the md5 of every file of data/cache (its arrays and its manifest, names and bytes),
+so it changes whenever what training reads changes, also where the manifest does not (a preprocessing change inside
+the arrays). Unlike the dvc.lock hash it exists outside `dvc repro` too, e.g. for a stage run by hand.
 """
 
 from __future__ import annotations
@@ -107,7 +107,15 @@ def ensure_experiment(client: MlflowClient, name: str) -> None:
 
 
 def data_hash(cache_dir: str | Path) -> str:
-    return hashlib.md5((Path(cache_dir) / MANIFEST).read_bytes()).hexdigest()
+    """md5 of the cache's files, each by its path inside the cache and its bytes (read in blocks: any size)."""
+    root, digest = Path(cache_dir), hashlib.md5()
+    if not (root / MANIFEST).is_file():
+        raise FileNotFoundError(root / MANIFEST)
+    for path in sorted(path for path in root.rglob("*") if path.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        with open(path, "rb") as file:
+            digest.update(hashlib.file_digest(file, "md5").digest())
+    return digest.hexdigest()
 
 
 GENERATOR_DIGEST = "generator_sha256"  # on train and evaluate runs, registered versions, eval.json and export.json
@@ -213,6 +221,27 @@ def training_run_id(fingerprint: str | None) -> str | None:
     if not fingerprint:
         return None
     return newest_run(open_store(tracking_uri()), "train", {"fingerprint": fingerprint})
+
+
+def continued_run(run_id: str | None, fingerprint: str, checkpoint: Path) -> str | None:
+    """`run_id` (read from `checkpoint`'s stamp) where that run is a training of `fingerprint` in this store, set
+    RUNNING again (a stopped run's status was FAILED or KILLED); else None, with a notice: the resumed training then
+    logs to a new run, never to a run that a stamp merely names."""
+    if run_id is None:
+        return None
+    client = open_store(tracking_uri())
+    try:
+        tags = client.get_run(run_id).data.tags
+    except MlflowException:
+        tags = {}
+    if tags.get("fingerprint") != fingerprint:
+        print(
+            f"notice: {checkpoint}: its stamp's MLflow run {run_id} is no training of fingerprint {fingerprint} in "
+            f"{tracking_uri()}: the resumed training logs to a new run"
+        )
+        return None
+    client.update_run(run_id, status="RUNNING")
+    return run_id
 
 
 def close_abandoned_runs(keep: str | None) -> list[str]:

@@ -11,11 +11,15 @@ The protocol:
   1. Every file is written to `<name>.<pid>.tmp` beside it, then renamed over it (`models.payloads.atomic_save`, which
      Lightning's checkpoints go through too: `AtomicCheckpointIO`): a kill mid-write leaves the previous file whole,
      and a stray `.tmp` is never read.
-  2. Every checkpoint carries a stamp: the run's fingerprint (a hash of exactly what defines the trained weights:
-     the keys config/schema.py marks `defines_weights()`) and its MLflow run id.
+  2. Every checkpoint carries a stamp: the run's fingerprint (a hash of everything that defines the trained weights:
+     the keys config/schema.py marks `defines_weights()`, the precision they mean on this machine, the cache's
+     files, the recognizer, and the code the train stage runs with the libraries it imports) and its MLflow run id.
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise the old
      run's files are parked in checkpoints/<its fingerprint>/ (never deleted) and this run continues its own parked
-     files, or starts afresh. One training at a time holds the folder (`one_training_at_a_time`, an OS lock).
+     files, or starts afresh. One training at a time holds the folder (`one_training_at_a_time`, an OS lock). A
+     stamp is data read from disk: one whose values do not have a fingerprint's and a run id's shape is "unreadable",
+     so no path is ever made from it; and a stamp's run id is continued only where that run says the same
+     fingerprint (tracking.store.continued_run).
   4. Every checkpoint holds every rank's random state (torch CPU and CUDA, numpy, python: `RandomStreams`), taken
      at the epoch's end and restored before the resumed run draws anything: it draws the shuffles, crops, flips
      and dropout masks the uninterrupted run draws, so it ends with the same weights.
@@ -23,9 +27,10 @@ The protocol:
      PsnrEarlyStopping._keep_best), so a kill never leaves a best file the resumed run disagrees with.
   6. An epoch's metrics reach MLflow only once its checkpoint exists, and a resumed run logs those the checkpoint
      holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
-  7. A job of several processes resumes as one: each decides from its own disk, and before any checkpoint is
-     loaded or any step taken they compare with rank 0's decision (`ResumeAgreement`); nodes that do not see the
-     same checkpoints/ stop together, naming what each found, instead of drifting apart.
+  7. A job of several processes resumes as one: rank 0 alone decides, parks and restores (training.job), the other
+     processes adopt its decision; before any checkpoint is loaded or any step taken every process checks that it
+     sees the checkpoint rank 0 chose (`ResumeAgreement`): nodes that do not see the same checkpoints/ stop together,
+     naming what each found, instead of drifting apart.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ import hashlib
 import json
 import os
 import random
+import re
 import socket
+from functools import cache
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,11 +59,17 @@ from thermal2visible.config.schema import Params
 
 from thermal2visible.config.stored import added_later, weight_defining
 from thermal2visible.errors import PipelineError
+from thermal2visible.imports import code_digest
 from thermal2visible.models.payloads import atomic_save
+from thermal2visible.paths import PIPELINES, PROJECT_PIPELINE
 from thermal2visible.training.precision import RunDevice, run_device
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
 LAST = "last"  # the checkpoint after every epoch: last.ckpt
+FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # what run_fingerprint returns, and so the only name a parked folder has
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id
+UNREADABLE = "unreadable"  # where a checkpoint whose stamp cannot be trusted is parked
+TRAINING_SCRIPT = PROJECT_PIPELINE.parent / PIPELINES / "train.py"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -65,6 +78,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         atomic_save(checkpoint, path)
+
+
+@cache
+def training_code() -> str:
+    """The digest of the code the train stage runs (its script's import closure, and the libraries it imports)."""
+    return code_digest(TRAINING_SCRIPT)
 
 
 def run_fingerprint(
@@ -82,7 +101,7 @@ def run_fingerprint(
     for (section, key), before in added_later().items():
         if defining[section][key] == before:
             del defining[section][key]
-    defining |= {"data": data_hash, "recognizer": recognizer_hash}
+    defining |= {"data": data_hash, "recognizer": recognizer_hash, "code": training_code()}
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -157,20 +176,25 @@ class RunStamp(Callback):
 
 
 def resume_view(checkpoint: Path | None) -> str:
-    """What a rank would continue: the checkpoint's run and position, or a fresh start."""
+    """What a rank would continue: the checkpoint's run and position as this rank's disk holds it, or a fresh start."""
     if checkpoint is None:
         return "a fresh start"
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-    fingerprint, epoch, step = state[STAMP]["fingerprint"], state["epoch"], state["global_step"]
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        fingerprint, epoch, step = state[STAMP]["fingerprint"], state["epoch"], state["global_step"]
+    except FileNotFoundError:
+        return f"{checkpoint} (missing)"
+    except Exception as error:  # a damaged or foreign file: what this rank sees, for the error every rank raises
+        return f"{checkpoint} (unreadable: {type(error).__name__})"
     return f"{checkpoint} (fingerprint {fingerprint}, epoch {epoch}, step {step})"
 
 
 class ResumeAgreement(Callback):
-    """Every rank of a job decides from its own disk (`find_resume`). Before any checkpoint is loaded or any step
-    taken, rank 0's decision is compared with every other's; where one differs (nodes that do not share
-    checkpoints/), every rank stops with the same error naming what each found, instead of one node continuing
-    and the others starting afresh: Adam states that differ, replicas that drift, ranks that stop at different
-    epochs and hang."""
+    """Rank 0 decides how the job resumes (training.job); every other rank adopts the decision. Before any checkpoint
+    is loaded or any step taken, each rank's view of that checkpoint is compared with rank 0's; where one differs
+    (nodes that do not share checkpoints/), every rank stops with the same error naming what each found, instead of
+    one node continuing and the others failing or starting afresh: Adam states that differ, replicas that drift,
+    ranks that stop at different epochs and hang."""
 
     def __init__(self, resume_from: Path | None):
         self.resume_from = resume_from
@@ -206,54 +230,78 @@ def checkpointing(directory: Path, fingerprint: str, mlflow_run_id: str | None) 
     ]
 
 
+class UntrustedStamp(Exception):
+    """A checkpoint's stamp that is not what `RunStamp` writes."""
+
+
+def read_stamp(checkpoint: Path) -> dict:
+    """The stamp of `checkpoint`, checked: {"fingerprint": 16 hex digits, "mlflow_run_id": 32 hex digits or None}.
+    An unstamped checkpoint (one Lightning wrote without RunStamp) has fingerprint "unstamped"."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    stamp = state.get(STAMP) if isinstance(state, dict) else None
+    if stamp is None:
+        return {"fingerprint": "unstamped", "mlflow_run_id": None}
+    for key, shape in (("fingerprint", FINGERPRINT), ("mlflow_run_id", RUN_ID)):
+        value = stamp.get(key) if isinstance(stamp, dict) else None
+        if not (isinstance(value, str) and shape.fullmatch(value)) and not (key == "mlflow_run_id" and value is None):
+            raise UntrustedStamp(f"its {STAMP}.{key} is {str(value)[:40]!r}, not {shape.pattern}")
+    return {"fingerprint": stamp["fingerprint"], "mlflow_run_id": stamp["mlflow_run_id"]}
+
+
 def find_resume(
     directory: Path, fingerprint: str, mode: str, stale: Sequence[Path] = ()
 ) -> tuple[Path | None, str | None]:
-    """(checkpoint to continue from, its MLflow run id), or (None, None) for a fresh start.
+    """(checkpoint to continue from, its stamp's MLflow run id), or (None, None) for a fresh start. Rank 0's alone:
+    it moves files (training.job hands its decision to the other processes).
 
     Resume state is kept per fingerprint: another run's last.ckpt and `stale` files are parked in
-    `directory/<its fingerprint>/` (rank 0), never deleted, and brought back when a run of that fingerprint starts
-    (`resume: auto`), which then continues it. A checkpoint that cannot be read is parked in `directory/unreadable/`.
+    `directory/<its fingerprint>/`, never deleted, and brought back when a run of that fingerprint starts
+    (`resume: auto`), which then continues it. A checkpoint that cannot be read, or whose stamp is not one this code
+    writes, is parked in `directory/unreadable/`.
     """
     last = last_checkpoint(directory)
     notice = None
     if last.is_file():
         try:
-            stamp = torch.load(last, map_location="cpu", weights_only=True).get(STAMP) or {}
-            owner = str(stamp.get("fingerprint") or "unstamped")
+            stamp = read_stamp(last)
+            owner = stamp["fingerprint"]
             notice = f"{last} is another run's (fingerprint {owner}): kept in {directory / owner}"
         except Exception as error:  # torch.load fails in many ways on a foreign or damaged file; all mean "park it"
-            stamp, owner = {}, "unreadable"
-            notice = f"{last} cannot be read ({type(error).__name__}): kept in {directory / owner}"
+            stamp, owner = {}, UNREADABLE
+            why = error if isinstance(error, UntrustedStamp) else type(error).__name__
+            notice = f"{last} cannot be read ({why}): kept in {directory / owner}"
         if mode == "auto" and owner == fingerprint:
             return last, stamp["mlflow_run_id"]
-        move_run_files(directory, directory / owner, (last, *stale))
+        move_run_files(directory, directory, directory / owner, (last, *stale))
     parked = directory / fingerprint
     if mode == "auto" and last_checkpoint(parked).is_file():
-        move_run_files(parked, directory, (last, *stale))
-        stamp = torch.load(last, map_location="cpu", weights_only=True)[STAMP]
+        try:
+            stamp = read_stamp(last_checkpoint(parked))
+        except Exception:
+            stamp = {}
+        if stamp.get("fingerprint") != fingerprint:  # planted or damaged: not this run's to continue
+            move_run_files(directory, parked, directory / UNREADABLE, (last, *stale))
+            print(f"notice: {last_checkpoint(parked)} is not this run's: kept in {directory / UNREADABLE}")
+            return None, None
+        move_run_files(directory, parked, directory, (last, *stale))
         if notice:
-            print_once(f"notice: {notice}; continuing this run's own from {parked}")
+            print(f"notice: {notice}; continuing this run's own from {parked}")
         return last, stamp["mlflow_run_id"]
     if notice:
-        print_once(f"notice: {notice}; starting fresh")
+        print(f"notice: {notice}; starting fresh")
     return None, None
 
 
-def move_run_files(source: Path, target: Path, files: Sequence[Path]) -> None:
-    """Move a run's files (named as they lie in `directory`) from `source` to `target`, replacing what is there;
-    on rank 0 only, which owns the files."""
-    if rank_zero_only.rank != 0:
-        return
+def move_run_files(directory: Path, source: Path, target: Path, files: Sequence[Path]) -> None:
+    """Move a run's files (named as they lie in `directory`) from `source` to `target`, replacing what is there.
+    Both are `directory` or a folder right inside it: a name made from a stamp never leads out of it."""
+    for folder in (source, target):
+        if directory.resolve() not in (folder.resolve(), folder.resolve().parent):
+            raise PipelineError(f"{folder}: not a folder of {directory}; nothing was moved")
     target.mkdir(parents=True, exist_ok=True)
     for path in files:
         if (source / path.name).is_file():
             (source / path.name).replace(target / path.name)
-
-
-def print_once(message: str) -> None:
-    if rank_zero_only.rank == 0:
-        print(message)
 
 
 @contextmanager

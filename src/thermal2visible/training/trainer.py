@@ -108,13 +108,16 @@ class GanDDPStrategy(DDPStrategy):
         )
 
 
+def process_group_backend(accelerator: str) -> str:
+    return "gloo" if accelerator == "cpu" else "nccl"
+
+
 def build_strategy(train: TrainConfig, accelerator: str):
     if train.strategy not in ("auto", "ddp"):
         raise ConfigError(f"train.strategy: {train.strategy!r} is not one of auto, ddp")
     if train.strategy == "auto" and world_size(train) == 1:
         return "auto"
-    cpu = accelerator == "cpu"
-    return GanDDPStrategy(process_group_backend="gloo" if cpu else "nccl", gradient_as_bucket_view=True)
+    return GanDDPStrategy(process_group_backend=process_group_backend(accelerator), gradient_as_bucket_view=True)
 
 
 def build_trainer(
