@@ -42,7 +42,7 @@ from thermal2visible.inference.registry import (
     registered_version,
 )
 from thermal2visible.inference.serving import ServedLimits, ThermalToVisible
-from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
+from thermal2visible.inference.session import RunTimeLimit, exported_settings, onnx_session, run_onnx
 from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run, read_record
 from thermal2visible.tracking.store import (
     GENERATOR_DIGEST,
@@ -101,7 +101,10 @@ class CachedTestFrames:
             return math.nan, 0
         model = self._model(model_uri)
         translate = partial(translate_frame, partial(run_onnx, model.session), settings=model.preprocess)
-        return full_frame_psnr(translate, pairs), len(pairs)
+        try:
+            return full_frame_psnr(translate, pairs), len(pairs)
+        except RunTimeLimit as error:  # a graph that loops is refused by name before any alias moves
+            raise PipelineError(f"{model_uri}: {error}; refused, nothing was moved") from None
 
 
 def frame_hashes(source: dict) -> frozenset[str]:

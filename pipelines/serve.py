@@ -4,9 +4,11 @@
 
 (`make serve [PORT=5002] [MODEL=...]` runs it.) The default model is the champion of the registered model that
 params.yaml's data go to (inference.registry.registered_model_name). The server is the one `mlflow models serve`
-runs, in this environment, with a cap on the request body (serve.max_request_bytes) and error replies that never
-echo the request (inference.rest); the other limits travel inside the model (inference.serving.ServedLimits).
-MLflow's MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT (seconds, default 60) sets the request timeout."""
+runs, in this environment, behind an edge that bounds what it reads (inference.edge) and with each request run by a
+worker process under OS limits (inference.workers): serve.workers, worker_memory_mib, max_request_bytes,
+body_read_timeout_s, body_deadline_s, max_bodies_in_flight and max_connections are this server's; the request budget
+travels inside the model (inference.serving.ServedLimits). MLflow's MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT (seconds,
+default 60) sets the request timeout, which the workers' wall clock follows."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from thermal2visible.inference.rest import serve
 def main(params: Params, args: argparse.Namespace) -> None:
     model = args.model or f"models:/{registered_model_name(params)}@{CHAMPION}"
     print(f"serving {model} on http://{params.serve.host}:{params.serve.port}/invocations", flush=True)
-    serve(model, params.serve.host, params.serve.port, params.serve.max_request_bytes)
+    serve(model, params.serve)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.config.load import load_params
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
 from thermal2visible.inference.registered import load_registered, model_of_files
+from thermal2visible.inference.session import RunTimeLimit
 from thermal2visible.inference.serving import IMAGE, ThermalToVisible, to_base64
 from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
 
@@ -103,6 +104,8 @@ def translate(model: ThermalToVisible, images: list[Path], source: Path, target:
         try:
             request = pd.DataFrame({IMAGE: [to_base64(read_bytes(path))]})
             visible = base64.b64decode(model.predict(None, request)[IMAGE][0])
+        except RunTimeLimit:  # the model's fault: every other image would wait as long
+            raise
         except (MlflowException, PipelineError) as error:
             errors.append(f"{path}: {getattr(error, 'message', error)}")
             continue

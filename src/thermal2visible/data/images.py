@@ -63,6 +63,8 @@ def _decode_pillow(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     try:
         image.load()
         image = ImageOps.exif_transpose(image)
+    except MemoryError:  # a limit on the process, not a fault of the file: the caller says which
+        raise
     except Exception as error:
         raise BadImage(source, f"truncated or corrupt {image.format} data ({error})") from None
     if image.mode in ("1", "P", "PA"):  # bilevel and palette images have no sample depth of their own
@@ -94,7 +96,11 @@ def _decode_tiff(data: bytes, source: str, max_pixels: int) -> np.ndarray:
             pixels, axes = page.asarray(), page.axes
     except BadImage:
         raise
+    except MemoryError:  # a limit on the process, not a fault of the file: the caller says which
+        raise
     except Exception as error:
+        if "allocate" in str(error):  # imagecodecs' own words for a failed allocation ("Unable to allocate ...")
+            raise MemoryError(str(error)) from None
         raise BadImage(source, f"truncated or corrupt TIFF ({error})") from None
     return np.moveaxis(pixels, axes.index("S"), -1) if "S" in axes else pixels
 

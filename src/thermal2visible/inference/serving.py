@@ -23,26 +23,29 @@ core, and a request queued past its timeout does no work at all.
 from __future__ import annotations
 
 import base64
+import functools
 import binascii
 import io
 import logging
 import threading
 import time
 from dataclasses import dataclass, fields
+from typing import Callable
 
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
-from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
+from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT as TIMEOUT
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, ErrorCode, INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from PIL import Image
 
 from thermal2visible.data.images import BadImage, decode_image, image_size
 from thermal2visible.config.schema import ServeConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.frames import model_size, translate_frame
-from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
+from thermal2visible.inference.session import RunTimeLimit, exported_settings, onnx_session, run_onnx
+from thermal2visible.inference.workers import OverLimit, WorkerLimits, Workers
 from thermal2visible.pixels import quantise
 from thermal2visible.private_apis import KeepsItsMessage
 
@@ -122,7 +125,7 @@ class Work:
     def __init__(self, cpu_seconds: float | None, arrived: float):
         self.cpu_deadline = None if cpu_seconds is None else time.process_time() + cpu_seconds
         self.cpu_seconds = cpu_seconds
-        timeout = MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get() if MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.defined else None
+        timeout = TIMEOUT.get() if TIMEOUT.defined else None
         self.deadline = None if timeout is None else arrived + timeout
 
     def check(self, where: str) -> None:
@@ -142,14 +145,28 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
     """artifacts: {"onnx": the generator from `export`}; model_config: `ServedLimits` as a dict."""
 
     def load_context(self, context) -> None:
-        self.session = onnx_session(context.artifacts["onnx"])
+        self.load(context.artifacts["onnx"], context.model_config)
         self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # optional: pyfunc_arguments
-        settings = exported_settings(self.session, context.artifacts["onnx"])
+
+    def load(self, onnx: str, model_config: dict, threads: int | None = None) -> None:
+        """The ONNX session, its checked settings and the limits; `threads`: onnxruntime's intra-op threads (None:
+        one per core)."""
+        self.onnx, self.model_config = onnx, model_config
+        self.session = onnx_session(onnx, threads)
+        settings = exported_settings(self.session, onnx)
         self.preprocess = settings.preprocess
         self.in_channels = settings.in_channels
-        self.limits = ServedLimits(**context.model_config)
+        self.limits = ServedLimits(**model_config)
         self.max_pixels = self.limits.max_pixels
         self.one_at_a_time = threading.Lock()
+        self.workers: Workers | None = None
+
+    def use_workers(self, count: int, memory_mib: int) -> None:
+        """Decode and translate every request in one of `count` worker processes, each holding its own session of
+        one thread, under OS limits (`workers.Workers`): `memory_mib` of address space, the request's CPU-seconds
+        and the server's request timeout."""
+        limits = WorkerLimits(memory_mib, self.limits.max_request_cpu_seconds)
+        self.workers = Workers(count, functools.partial(worker_handler, self.onnx, self.model_config), limits)
 
     def check_work(self, height: int, width: int, where: str) -> None:
         """A 400 naming `where`, the frame's size and the limit when the model would run on more than
@@ -205,9 +222,26 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
 
         try:
             visible = translate_frame(generate, frame, self.preprocess)
+        except RunTimeLimit as error:  # the model's fault, not the frame's: the caller stops rather than go on
+            raise RunTimeLimit(f"{self.onnx}: {error}") from None
         except PipelineError as error:
             raise bad_request(f"{where}: {error}") from None
         return quantise(visible[:, :, 0] if visible.shape[2] == 1 else visible, np.uint8)
+
+    def translate_rows(self, images: list[bytes], arrived: float) -> list[str]:
+        """Checked images -> base64 PNGs, within the request's budget (`Work`)."""
+        work = Work(self.limits.max_request_cpu_seconds, arrived)
+        # Every row is decoded and checked before any is translated: one bad image fails the request, naming it.
+        frames = []
+        for row, data in enumerate(images):
+            work.check(f"row {row}")
+            frames.append(self.frame(data, row))
+        del images
+        encoded = []
+        for row, frame in enumerate(frames):
+            encoded.append(to_base64(png_bytes(self.translate(frame, f"row {row}", work))))
+            work.check(f"row {row}")
+        return encoded
 
     def _translate(self, values: list[object], arrived: float) -> list[str]:
         rows = self.limits.max_rows
@@ -215,19 +249,19 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
             raise bad_request(f"{len(values)} images in one request; serve.max_rows allows {rows}")
         images = [row_bytes(value, row, self.limits.max_pixels) for row, value in enumerate(values)]
         self.check_request(images)
-        with self.one_at_a_time:
-            work = Work(self.limits.max_request_cpu_seconds, arrived)
-            # Every row is decoded and checked before any is translated: one bad image fails the request, naming it.
-            frames = []
-            for row, data in enumerate(images):
-                work.check(f"row {row}")
-                frames.append(self.frame(data, row))
-            del images
-            encoded = []
-            for row, frame in enumerate(frames):
-                encoded.append(to_base64(png_bytes(self.translate(frame, f"row {row}", work))))
-                work.check(f"row {row}")
-            return encoded
+        if self.workers is None:
+            with self.one_at_a_time:
+                return self.translate_rows(images, arrived)
+        try:
+            answer = self.workers.run((images, arrived), arrived + TIMEOUT.get(), TIMEOUT.name)
+        except OverLimit as over:
+            unavailable = over.busy or over.limit == TIMEOUT.name
+            raise ServingError(
+                str(over), error_code=TEMPORARILY_UNAVAILABLE if unavailable else INVALID_PARAMETER_VALUE
+            )
+        if isinstance(answer, WorkerRefusal):
+            raise ServingError(answer.message, error_code=ErrorCode.Value(answer.error_code))
+        return answer
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         # MLflow has enforced the signature by now: whatever the request form, a DataFrame with an `image` column.
@@ -236,10 +270,35 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
             raise bad_request(f"no images: the '{IMAGE}' column has 0 rows")
         try:
             return pd.DataFrame({IMAGE: self._translate(list(model_input[IMAGE]), arrived)})
-        except MlflowException:
+        except (MlflowException, RunTimeLimit):
             raise
         except Exception as error:  # a bug here, not a bad request: 500, traceback in the log only
             log.exception("translation failed")
             raise ServingError(
                 f"internal error while translating: {type(error).__name__}", error_code=INTERNAL_ERROR
             ) from None
+
+
+@dataclass(frozen=True)
+class WorkerRefusal:
+    """A ServingError raised in a worker, as it crosses the pipe (an exception's pickle would lose its error code)."""
+
+    message: str
+    error_code: str
+
+
+def worker_handler(onnx: str, model_config: dict) -> Callable[[tuple[list[bytes], float]], list[str] | WorkerRefusal]:
+    """Run inside a worker (`workers.Setup`): the model loaded with one onnxruntime thread (the pool has one worker
+    per core), and the function that translates one request's checked images."""
+    model = ThermalToVisible()
+    model.load(onnx, model_config, threads=1)
+
+    def handle(request: tuple[list[bytes], float]) -> list[str] | WorkerRefusal:
+        try:
+            return model.translate_rows(*request)
+        except ServingError as error:
+            return WorkerRefusal(error.message, error.error_code)
+        except RunTimeLimit as error:
+            return WorkerRefusal(str(error), "TEMPORARILY_UNAVAILABLE")
+
+    return handle

@@ -9,6 +9,8 @@ silent garbage or an internal error on the first request."""
 from __future__ import annotations
 
 import json
+import re
+import threading
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -37,8 +39,35 @@ class ExportedSettings:
     data_hash: str | None = None
 
 
-def onnx_session(path: str | Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+RUN_SECONDS = 300.0  # one run (a batch of up to 16 tiles): a few seconds for the U-Net at 512 px on 2 CPU cores
+
+
+class RunTimeLimit(PipelineError):
+    """An onnxruntime run stopped at its time limit: a graph can loop (a Loop node of 10^12 iterations) although
+    the file is data."""
+
+
+ORT_NOISE = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : |Load model from .*? failed:|\S+\.(?:cc|h):\d+ \S+\(.*?\) ")
+
+
+def _load_reason(error: Exception) -> str:
+    """onnxruntime's reason, without its error-code prefix, the path again and C++ source locations: one line."""
+    lines = str(error).strip().splitlines()
+    reason = ORT_NOISE.sub("", lines[0]).strip() if lines else ""
+    return (reason or type(error).__name__)[:300]
+
+
+def onnx_session(path: str | Path, threads: int | None = None) -> ort.InferenceSession:
+    """The file's session on the CPU, or a PipelineError in one line naming it (onnxruntime's own message carries
+    its C++ source location and, for a graph it cannot build, several lines). `threads`: intra-op threads (None:
+    onnxruntime's default, one per core)."""
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime raises its own types (Fail, InvalidGraph, NoSuchFile...) and RuntimeError
+        raise PipelineError(f"{path}: onnxruntime cannot load it ({_load_reason(error)})") from None
 
 
 def onnx_metadata(session: ort.InferenceSession) -> dict[str, object]:
@@ -78,5 +107,19 @@ def exported_settings(session: ort.InferenceSession, where: str) -> ExportedSett
     return settings
 
 
-def run_onnx(session: ort.InferenceSession, batch: np.ndarray) -> np.ndarray:
-    return session.run([OUTPUT_NAME], {INPUT_NAME: batch})[0]
+def run_onnx(session: ort.InferenceSession, batch: np.ndarray, seconds: float | None = None) -> np.ndarray:
+    """The generator on one batch, stopped after `seconds` (default RUN_SECONDS) by onnxruntime's own flag, which
+    it checks between nodes and between a Loop's iterations: RunTimeLimit then."""
+    seconds = RUN_SECONDS if seconds is None else seconds
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # the terminate flag's own error line would reach the user's terminal as noise
+    timer = threading.Timer(seconds, setattr, (options, "terminate", True))
+    timer.start()
+    try:
+        return session.run([OUTPUT_NAME], {INPUT_NAME: batch}, options)[0]
+    except Exception:
+        if options.terminate:
+            raise RunTimeLimit(f"an onnxruntime run passed its {seconds:g} s limit (session.RUN_SECONDS)") from None
+        raise
+    finally:
+        timer.cancel()
