@@ -1,5 +1,6 @@
 """Stage `preprocess`: register the cameras, crop, normalise, resize and split the ingested pairs into the cache
-data/cache/; the camera registration is reported in reports/align.json and reports/align_overlay.png."""
+data/cache/; the camera registration is reported in reports/align.json and reports/align_overlay.png, and every pair
+left out (by ingest or by the alignment, with ingest.on_error: skip) in reports/dropped.json."""
 
 import json
 import shutil
@@ -14,7 +15,7 @@ from thermal2visible.config.stored import stored_section
 from thermal2visible.data.align import overlay
 from thermal2visible.data.cache import applied_rig, build_cache
 from thermal2visible.data.ingest import read_pair
-from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, INDEX, CACHE
+from thermal2visible.paths import ALIGN_OVERLAY, ALIGN_REPORT, CACHE, DROPPED, INDEX
 
 OVERLAY_PAIRS = 4
 
@@ -22,7 +23,7 @@ OVERLAY_PAIRS = 4
 def alignment_report(manifest: dict) -> dict:
     """reports/align.json: the rig as estimated and as applied, and every pair's residual (thermal pixels)."""
     align, settings = manifest["align"], manifest["preprocess"]
-    residuals = [source["residual_px"] for source in manifest["sources"]]
+    residuals = [source["residual_px"] for source in manifest["sources"] if source["measured"]]
     if align["applied"]:
         verdict = "applied: every visible frame was resampled onto its thermal partner with the estimated rig"
     elif settings["align"]:
@@ -35,12 +36,29 @@ def alignment_report(manifest: dict) -> dict:
     return {
         "verdict": verdict,
         **align,
-        "residual_px": {"median": sorted(residuals)[len(residuals) // 2], "max": max(residuals)},
+        # of the measured pairs: an unmeasured one's offset is its plain texture's noise (align.Fit)
+        "residual_px": {"median": sorted(residuals)[len(residuals) // 2], "max": max(residuals)} if residuals else None,
+        "unmeasured": sum(not source["measured"] for source in manifest["sources"]),
         "pairs": [
-            {key: source[key] for key in ("thermal", "visible", "split", "residual_px")}
+            {key: source[key] for key in ("thermal", "visible", "split", "residual_px", "measured")}
             for source in manifest["sources"]
         ],
     }
+
+
+def dropped_pairs(index: dict, manifest: dict) -> list[dict]:
+    """reports/dropped.json: every file ingest left out and every pair the alignment left out, with the stage and
+    the reason: with ingest.on_error: skip, the one list of what the cache lacks."""
+    limit = manifest["align"]["max_residual_px"]
+    return [{"stage": "ingest", **problem} for problem in index["skipped"]] + [
+        {
+            "stage": "preprocess",
+            "file": refused["thermal"],
+            "reason": f"{refused['residual_px']:.2f} px from its partner {refused['visible']} once the camera rig is "
+            f"applied (preprocess.align_max_residual: {limit})",
+        }
+        for refused in manifest["align"]["refused"]
+    ]
 
 
 def write_alignment_report(manifest: dict) -> None:
@@ -61,22 +79,24 @@ def main(params: Params) -> None:
     if not INDEX.is_file():
         raise PipelineError(f"{INDEX}: missing; run the ingest stage first (dvc repro ingest)")
     shutil.rmtree(CACHE, ignore_errors=True)  # this stage's outputs: nothing of an old setting may survive
-    for report in (ALIGN_REPORT, ALIGN_OVERLAY):
+    for report in (ALIGN_REPORT, ALIGN_OVERLAY, DROPPED):
         report.unlink(missing_ok=True)
+    index = json.loads(INDEX.read_text())
     try:
-        manifest = build_cache(
-            json.loads(INDEX.read_text()), params.preprocess, params.ingest.max_pixels, CACHE, params.ingest.on_error
-        )
+        manifest = build_cache(index, params.preprocess, params.ingest.max_pixels, CACHE, params.ingest.on_error)
     except PipelineError:
         shutil.rmtree(CACHE, ignore_errors=True)  # a half-written cache must not pass for a result
         raise
     write_alignment_report(manifest)
+    dropped = dropped_pairs(index, manifest)
+    DROPPED.write_text(json.dumps(dropped, indent=1) + "\n")
     counts = ", ".join(f"{split} {n}" for split, n in manifest["counts"].items())
     rig = manifest["align"]["estimated"]
     print(
         f"preprocess: {counts} pairs of {manifest['image_size']}px in {CACHE}; camera rig scale {rig['scale']:.3f}, "
         f"shift ({rig['shift_px'][0]:.2f}, {rig['shift_px'][1]:.2f}) px, "
         f"{'applied' if manifest['align']['applied'] else 'not applied'} ({ALIGN_REPORT}, {ALIGN_OVERLAY})"
+        + (f"; {len(dropped)} file(s) or pair(s) left out ({DROPPED})" if dropped else "")
     )
 
 

@@ -1,10 +1,14 @@
 """Camera registration (preprocess.align) on real bytes: built-in pairs rendered through a known rig, written as
-PNG, read back through ingest and preprocess; pairs it cannot align are refused or skipped, naming them."""
+PNG, read back through ingest and preprocess; pairs it cannot align are refused or skipped, naming them; pairs too
+plain to measure (a sky in 8 bits) are reported as such, not refused."""
 
 import json
 
 import numpy as np
 import pytest
+from skimage import data
+from skimage.color import rgb2gray
+from skimage.filters import gaussian
 from skimage.io import imread, imsave
 from skimage.transform import AffineTransform
 
@@ -78,15 +82,26 @@ def test_a_pair_the_rig_cannot_align_is_refused_naming_it_or_skipped(tmp_path, w
     assert "error: preprocess.align: 1 pair(s) still lie more than preprocess.align_max_residual 2.0 px" in (
         refused.stderr
     )
+    assert "ingest.on_error: skip" in refused.stderr and "preprocess.align: false" in refused.stderr
     assert f"data/raw/thermal/person_00/000.png <-> {moved}: " in refused.stderr
     assert not (tmp_path / "data" / "cache").exists() and not (tmp_path / "reports" / "align.json").exists()
 
+    unpaired = tmp_path / "data/raw/thermal/person_01/extra.png"  # and one file ingest leaves out
+    unpaired.write_bytes((tmp_path / "data/raw/thermal/person_01/000.png").read_bytes()[::-1])
+    assert run_stage_script("ingest.py", tmp_path, "--set", "ingest.on_error=skip").returncode == 0
     skipped = run_stage_script("preprocess.py", tmp_path, "--set", "ingest.on_error=skip")
     assert skipped.returncode == 0, skipped.stderr
     report = json.loads((tmp_path / "reports" / "align.json").read_text())
     assert [entry["visible"] for entry in report["refused"]] == [moved]
     assert report["refused"][0]["residual_px"] > 2.0 and len(report["pairs"]) == 23
     assert_drawn(tmp_path / "reports" / "align_overlay.png", min_side=32)
+    dropped = json.loads((tmp_path / "reports" / "dropped.json").read_text())  # every pair left out, in one place
+    assert [(entry["stage"], entry["file"]) for entry in dropped] == [
+        ("ingest", str(unpaired.relative_to(tmp_path))),
+        ("preprocess", "data/raw/thermal/person_00/000.png"),
+    ]
+    assert "preprocess.align_max_residual" in dropped[1]["reason"]
+    assert "2 file(s) or pair(s) left out (reports/dropped.json)" in skipped.stdout
 
 
 def test_a_preset_naming_an_unknown_key_is_refused_before_anything_is_written(tmp_path, write_params, run_stage_script):
@@ -101,3 +116,35 @@ def test_a_preset_naming_an_unknown_key_is_refused_before_anything_is_written(tm
 def test_the_estimate_needs_training_pairs():
     with pytest.raises(PipelineError, match="no training pairs"):
         register([{"thermal": "a"}], ["test"], lambda pair: None, shipped("preprocess"))
+
+
+# Crops of scikit-image's pictures at (top, left), 96 px: the rocket's sky ones are 8-bit bands of a grey level or two
+# whose best shifts lay 4 to 24 px off before the pairs' texture was checked; the others textured.
+CROPS = {
+    "rocket": [(90, 450), (41, 246), (120, 333), (114, 456), (200, 300), (300, 100)],
+    "coffee": [(0, 0), (150, 200), (250, 450), (300, 100)],
+    "astronaut": [(0, 0), (100, 300), (250, 200), (400, 400)],
+    "chelsea": [(0, 0), (100, 150), (200, 300), (150, 50)],
+}
+
+
+def test_pairs_too_plain_to_measure_are_reported_not_refused(tmp_path, write_params, run_stage_script):
+    """Thermal frames made as the blurred grey of the visible crop (true offset 0 px): every pair is kept, and those
+    whose plain sky gives a far best shift are marked unmeasured, the textured ones within tolerance."""
+    for picture, corners in CROPS.items():
+        image = getattr(data, picture)()
+        for k, (top, left) in enumerate(corners):
+            crop = image[top : top + 96, left : left + 96]
+            for camera, pixels in (("visible", crop), ("thermal", np.round(gaussian(rgb2gray(crop), 1.5) * 255))):
+                (tmp_path / "pairs" / camera / picture).mkdir(parents=True, exist_ok=True)
+                imsave(tmp_path / "pairs" / camera / picture / f"{k:04d}.png", pixels.astype(np.uint8))
+    write_params(tmp_path, "data.source=pairs", "preprocess.image_size=32")
+    assert run_stage_script("ingest.py", tmp_path).returncode == 0
+    result = run_stage_script("preprocess.py", tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "reports" / "align.json").read_text())
+    assert report["refused"] == [] and json.loads((tmp_path / "reports" / "dropped.json").read_text()) == []
+    unmeasured = [pair for pair in report["pairs"] if not pair["measured"]]
+    assert report["unmeasured"] == len(unmeasured) > 0
+    assert all(pair["thermal"].startswith("thermal/rocket/") and pair["residual_px"] > 2 for pair in unmeasured)
+    assert report["residual_px"]["max"] < 2.0  # the measured ones: within preprocess.align_max_residual

@@ -365,7 +365,8 @@ def test_the_index_of_pairs_without_copies_is_unchanged(dataset):
     index, problems = ingest(dataset, "pairs", FAIL)
     assert problems == []
     assert [sorted(p) for p in index["pairs"]] == [["identity", "sha256", "split", "thermal", "visible"]] * 3
-    assert sorted(index) == ["layout", "pairs", "root", "thermal_channels", "visible_channels"]
+    assert sorted(index) == ["layout", "pairs", "root", "skipped", "thermal_channels", "visible_channels"]
+    assert index["skipped"] == []
 
 
 FORGED = "ingest: 20 pairs from data, no problems"

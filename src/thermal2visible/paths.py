@@ -25,6 +25,7 @@ CACHE = Path(LAYOUT["cache"])
 MANIFEST = "manifest.json"  # in every cache folder: what it holds and where it came from
 ALIGN_REPORT = Path(LAYOUT["align_report"])
 ALIGN_OVERLAY = Path(LAYOUT["align_overlay"])
+DROPPED = Path(LAYOUT["dropped"])
 RECOGNIZER = Path(LAYOUT["recognizer"])
 RECOGNIZER_METRICS = Path(LAYOUT["recognizer_metrics"])
 GENERATOR = Path(LAYOUT["generator"])

@@ -10,7 +10,11 @@ rotation each training pair gets its best shift by phase correlation (scikit-ima
 correlation of the two gradient images at that shift; the rig's scale and rotation are those scoring best over the
 pairs, its shift the median of the pairs' shifts. A pair's residual is how far its own best shift lies from the
 rig's, in thermal pixels: a pair the rig transform cannot lay onto its partner (a wrong partner, a moved camera)
-stands out by it. docs/data.md gives the measurements behind each choice.
+stands out by it, unless the pair has too little texture to measure: a frame whose values change by less than one of
+its own counts from pixel to pixel (a plain sky or wall in 8 bits) has for outlines its quantisation bands, which
+the other camera does not share, and its best shift is theirs, not the rig's; such a pair is reported as unmeasured,
+not as misaligned.
+docs/data.md gives the measurements behind each choice.
 """
 
 from __future__ import annotations
@@ -147,11 +151,34 @@ def estimate_rig(pairs: list[tuple[np.ndarray, np.ndarray]], settings: Preproces
     return Rig(float(scale), float(rotation), tuple(float(v) for v in np.median(measured, axis=0)))
 
 
-def residual(thermal: np.ndarray, visible: np.ndarray, rig: Rig, settings: PreprocessConfig) -> float:
-    """How far (thermal pixels) this pair's outlines still lie apart once the rig transform is applied."""
+def quantisation_bound(image: np.ndarray) -> bool:
+    """Whether an integer frame's values change by less than one count between neighbouring pixels on average: its
+    outlines are then mostly its own quantisation steps (the bands of a plain sky or wall in 8 bits), which the other
+    camera's frame does not share, so they cannot measure an offset. A float frame has no count to compare with."""
+    if image.dtype.kind == "f":
+        return False
+    counts = image.astype(np.float32)
+    return float(np.abs(np.diff(counts, axis=0)).mean() + np.abs(np.diff(counts, axis=1)).mean()) < 1.0
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One pair against the rig: how far apart its outlines still lie, and whether its texture can tell."""
+
+    residual: float  # thermal pixels from the rig's placement to the pair's own best shift
+    # False: the residual exceeds preprocess.align_max_residual, but one of the frames is too plain to measure it
+    # (quantisation_bound): not evidence of a misaligned pair
+    measured: bool
+
+
+def residual(thermal: np.ndarray, visible: np.ndarray, rig: Rig, settings: PreprocessConfig) -> Fit:
+    """How far (thermal pixels) this pair's outlines still lie apart once the rig transform is applied, and whether
+    an offset beyond the tolerance is measured or only noise of a texture too plain to measure (module docstring)."""
     t, v = edge_images(thermal, apply_rig(visible, rig), settings)
     shift, _ = _pair_shift(t, v, SUBPIXEL)
-    return float(np.hypot(*shift) / _work_factor(*thermal.shape[:2]))
+    offset = float(np.hypot(*shift) / _work_factor(*thermal.shape[:2]))
+    plain = quantisation_bound(thermal) or quantisation_bound(visible)
+    return Fit(offset, offset <= settings.align_max_residual or not plain)
 
 
 Frames = tuple[np.ndarray, np.ndarray]  # (thermal, visible) as decoded
@@ -163,8 +190,8 @@ class Registration:
 
     estimated: Rig
     applied: Rig | None  # None: frames left as they are (align off, or the rig is registered already)
-    residuals: list[float]  # per pair, thermal pixels, measured after `applied`
-    refused: list[int]  # pairs whose residual exceeds preprocess.align_max_residual (align on only)
+    fits: list[Fit]  # per pair, measured after `applied`
+    refused: list[int]  # measured pairs whose residual exceeds preprocess.align_max_residual (align on only)
 
 
 def register(
@@ -185,12 +212,16 @@ def register(
     estimated = estimate_rig(training, settings)
     height, width = training[0][0].shape[:2]
     applied = estimated if settings.align and estimated.displacement(height, width) > REGISTERED_PX else None
-    residuals = list(map_pairs(functools.partial(read_residual, read, applied or IDENTITY, settings), pairs))
-    refused = [i for i, value in enumerate(residuals) if value > settings.align_max_residual] if settings.align else []
-    return Registration(estimated, applied, residuals, refused)
+    fits = list(map_pairs(functools.partial(read_residual, read, applied or IDENTITY, settings), pairs))
+    refused = (
+        [i for i, fit in enumerate(fits) if fit.measured and fit.residual > settings.align_max_residual]
+        if settings.align
+        else []
+    )
+    return Registration(estimated, applied, fits, refused)
 
 
-def read_residual(read: Callable[[dict], Frames], rig: Rig, settings: PreprocessConfig, pair: dict) -> float:
+def read_residual(read: Callable[[dict], Frames], rig: Rig, settings: PreprocessConfig, pair: dict) -> Fit:
     return residual(*read(pair), rig, settings)
 
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.cores import usable_cores
-from thermal2visible.data.align import Registration, Rig, aligned, register
+from thermal2visible.data.align import Fit, Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair
 from thermal2visible.data.preprocess import (
     assign_splits,
@@ -50,7 +50,7 @@ def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list
         {
             "thermal": (root / pairs[i]["thermal"]).as_posix(),
             "visible": (root / pairs[i]["visible"]).as_posix(),
-            "residual_px": registration.residuals[i],
+            "residual_px": registration.fits[i].residual,
         }
         for i in registration.refused
     ]
@@ -58,8 +58,8 @@ def _refusals(root: Path, pairs: list[dict], registration: Registration) -> list
 
 def _registered(
     root: Path, pairs: list[dict], splits: list[str], read, settings: PreprocessConfig, on_error: str, pool
-) -> tuple[list[dict], list[str], list[float], dict, Rig | None]:
-    """The pairs (with their splits and residuals) that stay once the rig is measured, the manifest's `align`
+) -> tuple[list[dict], list[str], list[Fit], dict, Rig | None]:
+    """The pairs (with their splits and fits against the rig) that stay once the rig is measured, the manifest's `align`
     section and the rig to apply; with `on_error: fail` a pair the rig cannot lay onto its partner stops everything,
     before anything is written."""
     registration = register(pairs, splits, read, settings, functools.partial(pool.imap, chunksize=CHUNK))
@@ -68,7 +68,8 @@ def _registered(
         raise PipelineError(
             f"preprocess.align: {len(refused)} pair(s) still lie more than preprocess.align_max_residual "
             f"{settings.align_max_residual} px apart once the camera rig is applied (a wrong partner, or a moved "
-            "camera; ingest.on_error: skip leaves them out)"
+            "camera): fix or remove them, leave them out with ingest.on_error: skip, raise "
+            "preprocess.align_max_residual, or keep the frames as they are with preprocess.align: false"
             + "".join(f"\n  {r['thermal']} <-> {r['visible']}: {r['residual_px']:.2f} px" for r in refused)
         )
     refused_rows = set(registration.refused)
@@ -82,7 +83,7 @@ def _registered(
     return (
         [pairs[i] for i in keep],
         [splits[i] for i in keep],
-        [registration.residuals[i] for i in keep],
+        [registration.fits[i] for i in keep],
         section,
         registration.applied,
     )
@@ -158,13 +159,13 @@ def build_cache(index: dict, settings: PreprocessConfig, max_pixels: int, out_di
     read = functools.partial(read_checked, root, layout, max_pixels, settings)
     sources, counts, thermal_dtypes = [], {}, Counter()
     with worker_pool() as pool:
-        pairs, splits, residuals, alignment, rig = _registered(root, pairs, splits, read, settings, on_error, pool)
+        pairs, splits, fits, alignment, rig = _registered(root, pairs, splits, read, settings, on_error, pool)
         identities = sorted({p["identity"] for p in pairs if p["identity"] is not None})
         label = {name: position for position, name in enumerate(identities)}
         out_dir.mkdir(parents=True, exist_ok=True)
         with tqdm(total=len(pairs), desc="preprocess", unit="pair") as progress:
             for split in SPLITS:
-                members = [(p, r) for p, s, r in zip(pairs, splits, residuals) if s == split]
+                members = [(p, f) for p, s, f in zip(pairs, splits, fits) if s == split]
                 counts[split] = len(members)
                 outputs = {split: settings} | ({JITTER: jitter} if split == "train" else {})
                 files = {
@@ -185,10 +186,10 @@ def build_cache(index: dict, settings: PreprocessConfig, max_pixels: int, out_di
                         files[name][0].write(row, thermal)
                         files[name][1].write(row, visible)
                     progress.update()
-                for pair, residual in members:
+                for pair, fit in members:
                     sources.append(
                         {key: pair[key] for key in ("thermal", "visible", "sha256", "identity")}
-                        | {"split": split, "residual_px": round(residual, 3)}
+                        | {"split": split, "residual_px": round(fit.residual, 3), "measured": fit.measured}
                     )
                 for thermal, visible in files.values():
                     thermal.file.close()

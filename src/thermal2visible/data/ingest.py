@@ -15,6 +15,7 @@ import hashlib
 import os
 import unicodedata
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -293,5 +294,7 @@ def ingest(root: Path, layout: str, settings: IngestConfig) -> tuple[dict, list[
         "thermal_channels": usual[0],
         "visible_channels": usual[1],
         "pairs": pairs,
+        # what on_error: skip left out, so preprocess can list every dropped pair in one report
+        "skipped": [dataclasses.asdict(problem) for problem in problems],
     }
     return index, problems
