@@ -11,7 +11,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
 
-.PHONY: setup demo exp test test-fast lint format serve ui screenshots clean
+.PHONY: setup demo exp test test-fast lint format serve ui screenshots clean gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -55,6 +55,9 @@ lint: setup  # what CI runs: the rules, and the format (`make format` applies it
 
 format: setup
 	$(VENV)/bin/ruff format .
+
+gpu-check:  # issue 58's GPU check on a CUDA machine (`make gpu-check ARGS=--dry-run` on a CPU); docs/training.md
+	$(if $(wildcard $(PY)),$(PY),python3) -m benchmarks.gpu_check $(ARGS)
 
 clean:
 	rm -rf $(VENV) data models checkpoints mlflow.db mlflow.db.lock mlruns mlartifacts reports/ingest_errors.json
