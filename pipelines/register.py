@@ -49,6 +49,8 @@ from thermal2visible.tracking.store import (
     data_hash,
     file_digest,
     git_tags,
+    logging_into,
+    start_run,
     store_lock,
     tracking_uri,
 )
@@ -165,27 +167,27 @@ def register_new(
 ) -> Registered:
     settings = exported_settings(onnx_session(ONNX), str(ONNX))
     git = git_tags()
-    result = register(
-        ONNX,
-        name=name,
-        experiment=params.mlflow.experiment,
-        test_psnr=test_psnr,
-        parity_passed=exported.get("parity_max_abs_error", float("nan")) <= params.export.atol,
-        metrics={key: float(value) for key, value in exported.items() if type(value) in (int, float)},
-        lineage={
-            "training_run_id": training_run,
-            "evaluation_run_id": evaluation_run,
-            "fingerprint": settings.fingerprint,
-            "data_hash": settings.data_hash,
-            ONNX_DIGEST: onnx_digest,
-            GENERATOR_DIGEST: exported[GENERATOR_DIGEST],
-            "git_commit": git.get("mlflow.source.git.commit"),
-            "git_dirty": git.get("git_dirty"),
-        },
-        limits=ServedLimits.of(params.serve),
-        training_manifest=trained_manifest(CACHE, settings.data_hash),
-        frames=CachedTestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
-    )
+    with logging_into(start_run(params, "register", sections=()).run_id):
+        result = register(
+            ONNX,
+            name=name,
+            test_psnr=test_psnr,
+            parity_passed=exported.get("parity_max_abs_error", float("nan")) <= params.export.atol,
+            metrics={key: float(value) for key, value in exported.items() if type(value) in (int, float)},
+            lineage={
+                "training_run_id": training_run,
+                "evaluation_run_id": evaluation_run,
+                "fingerprint": settings.fingerprint,
+                "data_hash": settings.data_hash,
+                ONNX_DIGEST: onnx_digest,
+                GENERATOR_DIGEST: exported[GENERATOR_DIGEST],
+                "git_commit": git.get("mlflow.source.git.commit"),
+                "git_dirty": git.get("git_dirty"),
+            },
+            limits=ServedLimits.of(params.serve),
+            training_manifest=trained_manifest(CACHE, settings.data_hash),
+            frames=CachedTestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
+        )
     gate = result.gate
     compared = (
         f"full-frame test PSNR {gate['new_psnr']:.2f} dB against champion version {gate['champion_version']}"

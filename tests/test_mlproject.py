@@ -18,6 +18,7 @@ from thermal2visible.paths import CACHE, MANIFEST, PAPER_GPU
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
+STAGE_RUNS = ("train", "evaluate", "register")  # the stages that log runs
 
 
 def mlflow_run(
@@ -63,11 +64,17 @@ def test_train_entry_point_uses_params_yaml_as_it_is_then_only_what_is_given(pro
     assert run.data.tags["dvc_experiment"] != "none"  # ran inside `dvc exp run`
     assert dvc_status_clean(repo)
 
-    result = mlflow_run(repo, uri, "train", "set=train.max_epochs=3 train.lr_g=0.0001", experiment="thermal2visible")
-    assert result.returncode == 0, f"mlflow run -e train -P set=... failed:\n{result.stderr[-3000:]}"
+    # `main`, the whole pipeline: every stage that runs logs a run of its own, nested under the wrapper run
+    result = mlflow_run(repo, uri, "main", "set=train.max_epochs=3 train.lr_g=0.0001", experiment="thermal2visible")
+    assert result.returncode == 0, f"mlflow run -e main -P set=... failed:\n{result.stderr[-3000:]}"
     first, second = train_runs(uri)
-    wrapper = MlflowClient(uri).get_run(second.data.tags[MLFLOW_PARENT_RUN_ID])
-    assert wrapper.info.experiment_id == second.info.experiment_id  # one experiment: the UI nests the stage run
+    client = MlflowClient(uri)
+    wrapper = client.get_run(second.data.tags[MLFLOW_PARENT_RUN_ID])
+    assert wrapper.data.tags["mlflow.project.entryPoint"] == "main" and wrapper.info.run_name not in STAGE_RUNS
+    nested = client.search_runs([wrapper.info.experiment_id], f"tags.{MLFLOW_PARENT_RUN_ID} = '{wrapper.info.run_id}'")
+    assert sorted(run.info.run_name for run in nested) == sorted(STAGE_RUNS)  # one experiment: the UI nests them
+    [version] = client.search_model_versions("name = 'thermal2visible-portrait'")
+    assert version.run_id == second.info.run_id  # the version's source run: the training that made its weights
     assert (second.data.params["train.max_epochs"], second.data.params["train.lr_g"]) == ("3", "0.0001")
     assert yaml.safe_load((repo / "params.yaml").read_text())["train"]["max_epochs"] == 3
     locked = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]["params"]["params.yaml"]

@@ -91,6 +91,7 @@ def test_a_generator_module_dropped_into_the_package_trains_exports_and_serves(t
     source = tmp_path / "src"  # laid out as in the project, beside its dvc.yaml (where the stages' paths are)
     shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    shutil.copytree(REPO / "pipelines", tmp_path / "pipelines")  # the train stage's code: its runs' fingerprint
     (source / PACKAGE.name / "models" / "generators" / "two_convs.py").write_text(TWO_CONVOLUTIONS)
     (source / PACKAGE.name / "models" / "discriminators" / "one_conv.py").write_text(ONE_CONVOLUTION)
     project = tmp_path / "project"

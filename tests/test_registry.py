@@ -64,18 +64,18 @@ def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, frames=No
     mlflow.set_experiment("registry-tests")
     with mlflow.start_run(run_name="train") as training:
         pass
-    return register(
-        onnx_model,
-        name=name,
-        experiment="registry-tests",
-        test_psnr=psnr,
-        parity_passed=parity,
-        metrics={"parity_max_abs_error": 1e-7},
-        limits=ServedLimits.of(shipped("serve")),
-        training_manifest=None,
-        frames=frames,
-        lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None},
-    )
+    with mlflow.start_run(run_name="register"):  # the stage starts it through tracking.store
+        return register(
+            onnx_model,
+            name=name,
+            test_psnr=psnr,
+            parity_passed=parity,
+            metrics={"parity_max_abs_error": 1e-7},
+            limits=ServedLimits.of(shipped("serve")),
+            training_manifest=None,
+            frames=frames,
+            lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None},
+        )
 
 
 class Frames:

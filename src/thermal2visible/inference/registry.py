@@ -173,7 +173,6 @@ def register(
     onnx_path: str | Path,
     *,
     name: str,
-    experiment: str,
     test_psnr: float,
     parity_passed: bool,
     metrics: dict[str, float],
@@ -182,7 +181,8 @@ def register(
     training_manifest: str | Path | None,
     frames: TestFrames | None = None,
 ) -> Registered:
-    """Log the .onnx as a pyfunc in a `register` run, add it as a new version of `name`, gate it, set its alias.
+    """Log the .onnx as a pyfunc in the active run (the `register` run, which the caller started through
+    tracking.store and made active), add it as a new version of `name`, gate it, set its alias.
 
     `metrics` go on the run; `lineage` (training run id, data hash, ...; None values skipped), the test PSNR, the
     parity result and the gate record go on the version as tags. `training_manifest` (the cache manifest the model
@@ -192,20 +192,19 @@ def register(
     client = MlflowClient()
     tags = {key: str(value) for key, value in lineage.items() if value is not None}
     tags |= {PSNR_TAG: repr(float(test_psnr)), "parity_passed": str(parity_passed).lower()}
-    mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name="register") as run:
-        mlflow.set_tags(tags)
-        mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
-        with pyfunc_arguments(onnx_path, limits, training_manifest) as arguments:
-            logged = mlflow.pyfunc.log_model(name="model", **arguments)
-        check_example_predicts(logged.model_uri, arguments["input_example"], onnx_path)
+    run_id = mlflow.active_run().info.run_id
+    mlflow.set_tags(tags)
+    mlflow.log_metrics({PSNR_TAG: test_psnr, **metrics})
+    with pyfunc_arguments(onnx_path, limits, training_manifest) as arguments:
+        logged = mlflow.pyfunc.log_model(name="model", **arguments)
+    check_example_predicts(logged.model_uri, arguments["input_example"], onnx_path)
     ensure_registered_model(client, name)
     # The version's run is the training run that made the weights: the run page lists the version, and the
     # version page links back to that run (the register run only packed them).
     version = client.create_model_version(
         name,
         logged.model_uri,
-        run_id=lineage.get("training_run_id") or run.info.run_id,
+        run_id=lineage.get("training_run_id") or run_id,
         tags=tags,
         model_id=logged.model_id,
     )

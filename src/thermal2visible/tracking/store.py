@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 from urllib.parse import urlsplit
 
+import mlflow
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow import MlflowClient
 from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -198,6 +199,15 @@ def start_run(
         if digest and logger.run_id:
             log_dataset(logger.experiment, logger.run_id, CACHE, digest, dataset_context)
     return logger
+
+
+@contextmanager
+def logging_into(run_id: str) -> Iterator[None]:
+    """`run_id` (a run `start_run` started) as MLflow's active run, for the calls that log only into the active run
+    (a model's `log_model`); it ends FINISHED, or FAILED on an error. Named by its id, it is this run even under
+    `mlflow run`, whose MLFLOW_RUN_ID a bare `mlflow.start_run()` would continue instead."""
+    with mlflow.start_run(run_id=run_id):
+        yield
 
 
 def newest_run(client: MlflowClient, run_name: str, tags: dict[str, str], status: str | None = None) -> str | None:

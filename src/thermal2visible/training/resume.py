@@ -59,9 +59,9 @@ from thermal2visible.config.schema import Params
 
 from thermal2visible.config.stored import added_later, weight_defining
 from thermal2visible.errors import PipelineError
-from thermal2visible.imports import code_digest
+from thermal2visible.imports import PACKAGE, code_digest
 from thermal2visible.models.payloads import atomic_save
-from thermal2visible.paths import PIPELINES, PROJECT_PIPELINE
+from thermal2visible.paths import PIPELINES
 from thermal2visible.training.precision import RunDevice, run_device
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
@@ -69,7 +69,7 @@ LAST = "last"  # the checkpoint after every epoch: last.ckpt
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # what run_fingerprint returns, and so the only name a parked folder has
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id
 UNREADABLE = "unreadable"  # where a checkpoint whose stamp cannot be trusted is parked
-TRAINING_SCRIPT = PROJECT_PIPELINE.parent / PIPELINES / "train.py"
+TRAINING_SCRIPT = PACKAGE.parents[1] / PIPELINES / "train.py"  # in the project the package belongs to
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

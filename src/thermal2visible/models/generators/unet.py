@@ -79,6 +79,6 @@ class UNetGenerator(Generator):
             x = self._run(block, x)
             skips.append(x)
         y = self._run(self.decoder[-1], skips.pop())
-        for block in reversed(self.decoder[:-1]):
+        for block in list(self.decoder)[-2::-1]:  # not reversed(ModuleList slice): torch.compile mis-iterates it
             y = self._run(block, torch.cat([skips.pop(), dense_gradient(y)], dim=1))
         return y
