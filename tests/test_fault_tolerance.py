@@ -174,16 +174,20 @@ def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_r
             assert (tmp_path / "checkpoints" / f"last.ckpt.{process.pid}.tmp").exists()  # the next run ignores it
         reached = killed_at
 
-    for run, how in ((4, signal.SIGTERM), (5, signal.SIGINT)):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for run, how, said in ((4, signal.SIGTERM, "SIGTERM"), (5, signal.SIGINT, "Ctrl-C")):
         stopped_at = interrupt_after(start(tmp_path, f"run{run}"), tmp_path, reached + 2, how)
         message = output(tmp_path, f"run{run}")
         assert (
-            f"stopped by SIGTERM or Ctrl-C after epoch {stopped_at}; checkpoints/last.ckpt holds epochs "
+            f"stopped by {said} after epoch {stopped_at}; checkpoints/last.ckpt holds epochs "
             f"1-{stopped_at}: run again to continue"
             in message
             and "Traceback" not in message
         ), message
+        assert ("Received SIGTERM" in message) == (how == signal.SIGTERM), message  # a Ctrl-C is told as one
         assert not (tmp_path / "models" / "generator.pt").exists()  # published only by a finished run
+        [stopped] = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
+        assert stopped.info.status == "KILLED"  # stopped, to be continued: not a failure
         reached = stopped_at
 
     final = start(tmp_path, "run6")
@@ -206,7 +210,6 @@ def test_kills_at_every_point_then_signals_then_completion_make_one_continuous_r
     assert published["epoch"] == replay.best_epoch and published["psnr_smoothed"] == replay.best_smoothed
 
     # One MLflow run, continued by every process; each metric logged once per epoch, from the kept timeline.
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("thermal2visible").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     for key in runs[0].data.metrics:
