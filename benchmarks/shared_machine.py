@@ -1,17 +1,19 @@
-"""Runs that share one machine: two trainings at once against one alone, and the REST server's latency beside a
-training against alone; interleaved rounds (benchmarks/rounds.py).
+"""A training on a machine that is doing something else: alone, beside one and two busy processes that are not the
+project's, beside the REST server answering the README's 8-client load, and two trainings of two projects at once;
+images/s of the training and the REST p99 in each, in interleaved rounds (benchmarks/rounds.py).
 
 A training is a fresh `python -m benchmarks.shared_machine --train CACHE --epochs E` process: the project's Trainer,
-Pix2Pix and datamodule with params.yaml's settings (the demo's), validation included, no MLflow. The demo-sized
-cache is made once by the data stages' own functions. "Two at once" is the wall time until both have finished;
-its figure is that time over "alone" in the same round (a fair share of the cores is x2.0).
-The server is the project's REST server (pipelines/serve.py) of a demo-sized model, as benchmarks.rest_load serves it;
-one client sends requests one after another. "Beside a training" starts a training, waits for its first step,
-sends the requests and stops the training; its figure is its p99 latency over the alone p99 of the same round.
+Pix2Pix and datamodule with params.yaml's settings (the demo's, train.threads included), validation included, no
+MLflow. A busy process is a pure-Python loop in a session of its own, as an IDE's indexer or a build would be. The
+server is the project's REST server (pipelines/serve.py) of a demo-sized model, as benchmarks.rest_load serves it, with
+8 clients sending requests one after another each. "Two projects" trains two caches made apart, as two projects'
+folders would hold them, started together; its time is until both have finished. Each configuration's figure is its
+time over the time alone in the same round (a fair share of two cores is x2.0 beside one busy process or another
+training), and the REST p99 beside the training over the p99 of the same load alone, in the same round.
 
 Writes a new benchmarks/results/<date>-shared_machine.json and .png (--report names them otherwise, --out puts
-them at a path of your choice).
-Usage: python -m benchmarks.shared_machine [--rounds 3] [--epochs 8] [--requests 200] [--report shared_machine]
+them at a path of your choice). --smoke: one round of everything at a tiny size, to check the benchmark runs.
+Usage: python -m benchmarks.shared_machine [--rounds 3] [--epochs 8] [--requests 25] [--smoke] [--report NAME]
        [--out PATH]
 """
 
@@ -24,7 +26,10 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import matplotlib  # noqa: E402
@@ -32,37 +37,33 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import requests  # noqa: E402
 import torch  # noqa: E402
-from lightning.pytorch import Callback  # noqa: E402
 
 from benchmarks.common import SHIPPED, add_report_option, machine_text, result_file, result_stem, synthetic_cache  # noqa: E402
 from benchmarks.common import write_report  # noqa: E402
 from benchmarks.inference import request_frame  # noqa: E402
-from benchmarks.rest_load import served_model  # noqa: E402
+from benchmarks.rest_load import client, served_model  # noqa: E402
 from benchmarks.rounds import measure_rounds  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.dev.servers import model_server  # noqa: E402
 from thermal2visible.inference.serving import IMAGE  # noqa: E402
+from thermal2visible.models.networks import build_networks  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
-from thermal2visible.models.networks import build_networks
 from thermal2visible.training.trainer import build_trainer, per_process_batch  # noqa: E402
 
-ALONE, TWO, SERVE_ALONE, SERVE_BESIDE = "one training", "two trainings at once", "serving alone", "serving beside"
+ALONE, BUSY_1, BUSY_2, REST, PROJECTS = (
+    "alone",
+    "beside 1 busy process",
+    "beside 2 busy processes",
+    "beside the REST load",
+    "two projects at once",
+)
+REST_ALONE = "REST load alone"
+GOALS = {BUSY_1: 2.2, BUSY_2: None, REST: 2.2, PROJECTS: 2.3, "rest_p99": 3.0}
+CLIENTS = 8  # the README's load (docs/performance.md: 8 concurrent clients)
 
 
-class FirstStep(Callback):
-    """Touches `path` once the first training step has ended: the training is computing."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def on_train_batch_end(self, *hook_arguments) -> None:
-        if not self.path.exists():
-            self.path.touch()
-
-
-def train(cache: Path, epochs: int, started: Path | None) -> None:
+def train(cache: Path, epochs: int) -> None:
     """One training of params.yaml's model on `cache` for `epochs` epochs, validation included."""
     settings = dataclasses.replace(SHIPPED.train, max_epochs=epochs, min_epochs=1, accelerator="cpu")
     torch.manual_seed(settings.seed)
@@ -71,92 +72,142 @@ def train(cache: Path, epochs: int, started: Path | None) -> None:
         *build_networks(SHIPPED.model, data.manifest["image_size"], data.thermal_channels, data.visible_channels),
         settings,
     )
-    build_trainer(settings, callbacks=[FirstStep(started)] if started else []).fit(module, datamodule=data)
+    build_trainer(settings).fit(module, datamodule=data)
 
 
-def training(cache: Path, epochs: int, started: Path | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "benchmarks.shared_machine", "--train", str(cache), "--epochs", str(epochs)]
-    return subprocess.Popen(command + (["--started", str(started)] if started else []), stdout=subprocess.DEVNULL)
-
-
-def trainings_seconds(cache: Path, epochs: int, count: int) -> float:
-    """Wall seconds until `count` trainings started together have all finished."""
+def trainings_seconds(caches: list[Path], epochs: int) -> float:
+    """Wall seconds until a training of each of `caches`, started together, has finished."""
     start = time.perf_counter()
-    processes = [training(cache, epochs) for _ in range(count)]
+    command = [sys.executable, "-m", "benchmarks.shared_machine", "--epochs", str(epochs), "--train"]
+    processes = [subprocess.Popen([*command, str(cache)], stdout=subprocess.DEVNULL) for cache in caches]
     if any(process.wait() for process in processes):
         raise SystemExit("a training failed")
     return time.perf_counter() - start
 
 
-def latencies_ms(url: str, body: dict, count: int) -> list[float]:
-    """`count` requests one after another; each must be answered 200."""
-    times = []
-    with requests.Session() as session:
-        for _ in range(count):
-            start = time.perf_counter()
-            response = session.post(f"{url}/invocations", json=body, timeout=120)
-            times.append(1000 * (time.perf_counter() - start))
-            if response.status_code != 200:
-                raise SystemExit(f"HTTP {response.status_code}: {response.text[:200]}")
-    return times
-
-
-def serving_p99(url: str, body: dict, count: int, cache: Path | None, scratch: Path, record: list) -> float:
-    """p99 ms of `count` requests, beside a training of `cache` when one is given (the training runs long enough
-    to outlast them and is stopped after)."""
-    neighbour = None
-    if cache is not None:
-        started = scratch / "started"
-        started.unlink(missing_ok=True)
-        neighbour = training(cache, 10_000, started)
-        while not started.exists():
-            if neighbour.poll() is not None:
-                raise SystemExit("the training beside the server failed")
-            time.sleep(0.1)
+@contextmanager
+def busy_processes(count: int):
+    """`count` pure-Python loops, each in a session of its own (another program's, to the kernel's scheduler)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
     try:
-        times = latencies_ms(url, body, count)
+        yield
     finally:
-        if neighbour is not None:
-            neighbour.kill()
-            neighbour.wait()
-    record.append({"beside_training": cache is not None, "latencies_ms": [round(t, 2) for t in times]})
-    return float(np.percentile(times, 99)) / 1000  # seconds: what measure_rounds keeps
+        for loop in loops:
+            loop.kill()
+            loop.wait()
 
 
-def ratios(records: list[dict], config: str, baseline: str) -> dict:
-    """`config`'s figure over `baseline`'s in the same round (clean rounds only, unless too few): median, min, max."""
-    by_round: dict[int, dict[str, dict]] = {}
+class RestLoad:
+    """CLIENTS clients sending requests one after another to `url`, from start() to stop(); p99 of their latencies."""
+
+    def __init__(self, url: str, body: dict):
+        self.url, self.body = url, body
+
+    def start(self) -> None:
+        self.done, self.results = threading.Event(), []
+        self.pool = ThreadPoolExecutor(CLIENTS)
+        self.clients = [self.pool.submit(self.client) for _ in range(CLIENTS)]
+
+    def client(self) -> None:
+        while not self.done.is_set():
+            self.results.extend(client(self.url, self.body, 1))
+
+    def stop(self) -> float:
+        """The p99 latency in seconds; every request must have been answered 200."""
+        self.done.set()
+        for future in self.clients:
+            future.result()
+        self.pool.shutdown()
+        errors = [error for _, error in self.results if error]
+        if errors:
+            raise SystemExit(f"{len(errors)} REST requests failed: {errors[0]}")
+        return float(np.percentile([seconds for seconds, _ in self.results], 99))
+
+
+def rest_alone(load: RestLoad, requests: int) -> float:
+    """p99 seconds of CLIENTS x `requests` requests with nothing else running."""
+    load.start()
+    while len(load.results) < CLIENTS * requests:
+        time.sleep(0.05)
+    return load.stop()
+
+
+def beside_rest(load: RestLoad, cache: Path, epochs: int, p99s: list[float]) -> float:
+    load.start()
+    try:
+        seconds = trainings_seconds([cache], epochs)
+    finally:
+        p99s.append(load.stop())
+    return seconds
+
+
+def beside_busy(count: int, cache: Path, epochs: int) -> float:
+    with busy_processes(count):
+        return trainings_seconds([cache], epochs)
+
+
+def by_round(records: list[dict]) -> list[dict[str, dict]]:
+    rounds: dict[int, dict[str, dict]] = {}
     for record in records:
-        by_round.setdefault(record["round"], {})[record["config"]] = record
-    clean = [row for row in by_round.values() if not any(r["flagged"] for r in row.values())]
-    rows = clean if len(clean) >= 3 else list(by_round.values())
-    values = [row[config]["seconds"] / row[baseline]["seconds"] for row in rows]
+        rounds.setdefault(record["round"], {})[record["config"]] = record
+    return [rounds[index] for index in sorted(rounds)]
+
+
+def spread(values: list[float]) -> dict:
     return {
         "median": round(statistics.median(values), 3),
         "min": round(min(values), 3),
         "max": round(max(values), 3),
         "rounds": len(values),
-        "flagged_rounds_counted": len(rows) > len(clean),
     }
 
 
-def plot(figures: dict, serving: list[dict], path: Path) -> None:
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    names = ["two trainings at once\n(over one alone)", "server p99 beside a training\n(over alone)"]
-    for position, (key, goal) in enumerate((("two_trainings", 2.3), ("serving_p99", 3.0))):
-        ratio = figures[key]
+def figures_of(records: list[dict], p99s_beside: list[float], images: int) -> dict:
+    """Per configuration: images/s (median) and its time over alone in the same round (median, min-max); the REST
+    p99 beside the training over alone in the same round. Flagged rounds are kept and counted: the configurations'
+    own load is this benchmark's, so a flag means someone else's."""
+    rounds = by_round(records)
+    trainings = {}
+    for config in (ALONE, BUSY_1, BUSY_2, REST, PROJECTS):
+        trained = images * (2 if config == PROJECTS else 1)
+        trainings[config] = {
+            "images_per_s": round(statistics.median(trained / r[config]["seconds"] for r in rounds), 2),
+            "time_over_alone": spread([r[config]["seconds"] / r[ALONE]["seconds"] for r in rounds]),
+            "goal": GOALS.get(config),
+        }
+    rest = [beside / r[REST_ALONE]["seconds"] for beside, r in zip(p99s_beside, rounds)]
+    return {
+        "trainings": trainings,
+        "rest_p99_ms": {
+            "alone": round(1000 * statistics.median(r[REST_ALONE]["seconds"] for r in rounds), 1),
+            "beside_training": round(1000 * statistics.median(p99s_beside), 1),
+            "beside_over_alone": spread(rest),
+            "goal": GOALS["rest_p99"],
+        },
+        "flagged_rounds": sum(any(record["flagged"] for record in r.values()) for r in rounds),
+    }
+
+
+def plot(figures: dict, path: Path) -> None:
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    configs = [config for config in figures["trainings"] if config != ALONE]
+    bars = [figures["trainings"][config]["time_over_alone"] for config in configs]
+    bars.append(figures["rest_p99_ms"]["beside_over_alone"])
+    goals = [figures["trainings"][config]["goal"] for config in configs] + [figures["rest_p99_ms"]["goal"]]
+    names = [config.replace(" ", "\n", 1) for config in configs] + ["REST p99\nbeside training"]
+    for position, (ratio, goal) in enumerate(zip(bars, goals)):
         error = [[ratio["median"] - ratio["min"]], [ratio["max"] - ratio["median"]]]
         left.bar(position, ratio["median"], yerr=error, capsize=4, color="#4c72b0")
-        left.hlines(goal, position - 0.4, position + 0.4, color="#c44e52", linestyle="--")
+        if goal:
+            left.hlines(goal, position - 0.4, position + 0.4, color="#c44e52", linestyle="--")
         left.text(position, ratio["max"] + 0.05, f"x{ratio['median']:.2f}", ha="center")
     left.axhline(2.0, color="grey", linewidth=0.8)
-    left.set_xticks([0, 1], names)
-    left.set(ylabel="ratio (median, min-max over rounds); red: the goal", title="sharing the machine")
-    for beside, colour in ((False, "#55a868"), (True, "#dd8452")):
-        times = [t for r in serving if r["beside_training"] == beside for t in r["latencies_ms"]]
-        right.hist(times, bins=60, alpha=0.6, color=colour, label="beside a training" if beside else "alone")
-    right.set(xlabel="request latency (ms)", ylabel="requests", title="REST requests, all rounds")
-    right.legend()
+    left.set_xticks(range(len(names)), names, fontsize=8)
+    left.set(ylabel="over alone (median, min-max of rounds); red: the goal", title="sharing the machine")
+    speeds = {config: values["images_per_s"] for config, values in figures["trainings"].items()}
+    right.barh(list(speeds), list(speeds.values()), color="#55a868")
+    right.invert_yaxis()
+    right.set(xlabel="images/s (all trainings together)", title="training speed")
     figure.suptitle(machine_text(), fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -166,52 +217,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=8, help="epochs of each timed training")
-    parser.add_argument("--requests", type=int, default=200, help="requests per serving measurement")
+    parser.add_argument("--requests", type=int, default=25, help="requests per client of the REST load alone")
+    parser.add_argument("--smoke", action="store_true", help="one round, one epoch, tiny data: does it run")
     parser.add_argument("--train", type=Path, help=argparse.SUPPRESS)  # a training process of this benchmark
-    parser.add_argument("--started", type=Path, help=argparse.SUPPRESS)
     add_report_option(parser, "shared_machine", "{json,png}")
     args = parser.parse_args()
     if args.train:
-        return train(args.train, args.epochs, args.started)
-    size = SHIPPED.preprocess.image_size
+        return train(args.train, args.epochs)
+    size, warmup = SHIPPED.preprocess.image_size, 1
+    pairs = SHIPPED.synthesize.identities * SHIPPED.synthesize.images_per_identity  # the demo's
+    if args.smoke:
+        args.rounds, args.epochs, args.requests, size, pairs, warmup = 1, 1, 2, 32, 24, 0
     with tempfile.TemporaryDirectory(prefix="t2v-shared-") as scratch:
         scratch = Path(scratch)
-        identities, per_identity = SHIPPED.synthesize.identities, SHIPPED.synthesize.images_per_identity
-        cache, _ = synthetic_cache(scratch / "data", size, identities * per_identity)
-        training_records = measure_rounds(
-            {
-                ALONE: lambda: trainings_seconds(cache, args.epochs, 1),
-                TWO: lambda: trainings_seconds(cache, args.epochs, 2),
-            },
-            args.rounds,
-            label="training ",
-        )
+        caches = [synthetic_cache(scratch / project, size, pairs)[0] for project in ("project-a", "project-b")]
+        images = json.loads((caches[0] / "manifest.json").read_text())["counts"]["train"] * args.epochs
         body = {"dataframe_split": {"columns": [IMAGE], "data": [[request_frame(size)]]}}
-        serving: list[dict] = []
+        p99s_beside: list[float] = []
         with model_server(str(served_model(scratch, size, SHIPPED.model.ngf)), scratch / "serve") as url:
-            latencies_ms(url, body, 10)  # the first requests load onnxruntime's kernels
-            serving_records = measure_rounds(
+            load = RestLoad(url, body)
+            records = measure_rounds(
                 {
-                    SERVE_ALONE: lambda: serving_p99(url, body, args.requests, None, scratch, serving),
-                    SERVE_BESIDE: lambda: serving_p99(url, body, args.requests, cache, scratch, serving),
+                    ALONE: lambda: trainings_seconds(caches[:1], args.epochs),
+                    BUSY_1: lambda: beside_busy(1, caches[0], args.epochs),
+                    BUSY_2: lambda: beside_busy(2, caches[0], args.epochs),
+                    REST: lambda: beside_rest(load, caches[0], args.epochs, p99s_beside),
+                    PROJECTS: lambda: trainings_seconds(caches, args.epochs),
+                    REST_ALONE: lambda: rest_alone(load, args.requests),
                 },
                 args.rounds,
-                label="serving ",
+                warmup_rounds=warmup,
             )
-    figures = {
-        "two_trainings": ratios(training_records, TWO, ALONE),
-        "serving_p99": ratios(serving_records, SERVE_BESIDE, SERVE_ALONE),
-        "goals": {"two_trainings": 2.3, "serving_p99": 3.0},
+    figures = figures_of(records, p99s_beside[warmup:], images) | {
         "epochs": args.epochs,
-        "requests": args.requests,
+        "images_per_training": images,
+        "clients": CLIENTS,
         "model": {"size": size, "ngf": SHIPPED.model.ngf, "batch_size": SHIPPED.train.batch_size},
-        "rounds": training_records + serving_records,
-        "serving_latencies": serving,
+        "threads": SHIPPED.train.threads,
+        "rounds": records,
     }
     stem = result_stem(args.report, args.out)
-    plot(figures, serving, result_file(stem, ".png"))
+    plot(figures, result_file(stem, ".png"))
     write_report(stem, figures)
-    print(json.dumps({key: figures[key] for key in ("two_trainings", "serving_p99")}, indent=1))
+    print(json.dumps({key: figures[key] for key in ("trainings", "rest_p99_ms")}, indent=1))
     print(f"{machine_text()}; wrote {stem}.json and .png")
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,8 +85,30 @@ def test_flagged_rounds_are_left_out_while_enough_clean_ones_remain():
     assert rounds.summarize(records, baseline="a")["flagged_rounds_counted"]  # too few clean: all count, and it says so
 
 
-def test_load_from_another_process_is_foreign_and_our_own_children_are_not():
-    # A busy loop whose parent shell has exited belongs to no one here: it is someone else's load.
+def only_this_tests_load(monkeypatch, reported: Path) -> None:
+    """/proc/stat's machine as if the processes this test starts were all that ran on it: busy ticks are this
+    process's, its reaped children's and the CPU seconds a process outside its tree wrote into `reported` as it
+    exited. The machine's other load (other users' jobs) then cannot decide whether our own time counts as ours."""
+    real = rounds._machine_ticks
+
+    def machine_ticks() -> tuple[int, int, int]:
+        times = os.times()
+        seconds = times.user + times.system + times.children_user + times.children_system
+        seconds += sum(float(path.read_text()) for path in reported.glob("*"))
+        return real()[0], round(seconds * os.sysconf("SC_CLK_TCK")), 0
+
+    monkeypatch.setattr(rounds, "_machine_ticks", machine_ticks)
+
+
+def busy_for(seconds: float, report: Path | None = None) -> str:
+    """A Python command line that keeps a core busy for `seconds`, then writes its CPU seconds to `report`."""
+    ending = f"\nopen({str(report)!r}, 'w').write(str(time.process_time()))" if report else ""
+    return f'{sys.executable} -c "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass{ending}"'
+
+
+def test_load_from_another_process_is_foreign_and_our_own_children_are_not(tmp_path, monkeypatch):
+    # A busy loop whose parent shell has exited belongs to no one here: it is someone else's load. More load from
+    # elsewhere only adds to it, so this half reads the real machine.
     orphan = subprocess.run(
         ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
         capture_output=True,
@@ -100,20 +123,19 @@ def test_load_from_another_process_is_foreign_and_our_own_children_are_not():
         assert load.foreign > 0.3 / os.cpu_count() and load.flagged
     finally:
         os.kill(pid, signal.SIGKILL)
-    time.sleep(0.2)
+    only_this_tests_load(monkeypatch, tmp_path)
     with rounds.MachineLoad() as own:
-        subprocess.run(
-            [sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"], check=True
-        )
+        subprocess.run(["sh", "-c", busy_for(1.0)], check=True)
     assert own.foreign < rounds.FOREIGN_LIMIT and not own.flagged
 
 
-def test_a_descendant_that_outlives_its_parent_stays_ours():
+def test_a_descendant_that_outlives_its_parent_stays_ours(tmp_path, monkeypatch):
     # As DDP's second rank can: started by a process that exits first, then re-parented to init while it works.
-    busy = f"{sys.executable} -c 'import time\nend = time.time() + 1.5\nwhile time.time() < end: pass'"
+    only_this_tests_load(monkeypatch, tmp_path)
     with rounds.MachineLoad() as load:
-        subprocess.run(["sh", "-c", f"{busy} & sleep 0.6"], check=True)
+        subprocess.run(["sh", "-c", f"{busy_for(1.5, tmp_path / 'orphan')} & sleep 0.6"], check=True)
         time.sleep(1.4)  # the orphan works on alone, then exits
+    assert (tmp_path / "orphan").is_file()  # its time is on the machine
     assert load.foreign < rounds.FOREIGN_LIMIT and not load.flagged
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 
 
 class EpochLine(Callback):
-    """`epoch 12/200: val PSNR 18.31 dB, average 18.02 dB, best 18.10 dB at epoch 10 (patience 18 left), 1.4 s`.
+    """`epoch 12/200: val PSNR 18.31 dB, average 18.02 dB, best 18.10 dB at epoch 10 (patience 18 left), 1.4 s,
+    2 thread(s)` (the intra-op threads at the epoch's end: threads.FreeCoreThreads).
 
     Registered after `stop`, so it reads the decision this epoch's validation made."""
 
@@ -34,4 +36,4 @@ class EpochLine(Callback):
             )
         else:
             line += f" (the {stop.window}-epoch average starts at epoch {stop.window})"
-        print(f"{line}, {time.perf_counter() - self.started:.1f} s", flush=True)
+        print(f"{line}, {time.perf_counter() - self.started:.1f} s, {torch.get_num_threads()} thread(s)", flush=True)

@@ -4,9 +4,10 @@ torch's CPU thread pool (OpenMP) splits every operation among its threads and wa
 with a thread per core each put two threads on every core: each operation then waits for a thread the kernel has
 lent to the other run, and both slow about x4 instead of x2 (x13 with OpenMP's passive wait). Fewer threads per run
 would end that but change the weights: a reduction over one thread rounds otherwise than over two, so the same
-params would train another model beside a neighbour. So a run keeps the threads the machine gives it, and the runs
-take turns: each training and validation step holds one lock per user and machine, the steps of two runs alternate
-at full speed, and the rest of their work (loading, logging, other stages) overlaps.
+params would train another model beside a neighbour. So the project's runs keep their threads and take turns: each
+training and validation step holds one lock per user and machine, the steps of two runs alternate at full speed,
+and the rest of their work (loading, logging, other stages) overlaps. Other programs take no turns: the threads
+follow the cores they leave free (threads.FreeCoreThreads).
 
 OpenMP's idle threads spin GOMP_SPINCOUNT rounds before they sleep; its default, 300,000, holds a core for
 milliseconds after a step, into the other run's turn. OpenMP reads it once, when torch loads it: import this module
@@ -21,10 +22,8 @@ import fcntl  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import torch  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
-from thermal2visible.cores import usable_cores  # noqa: E402
 
 # Per user, in the user's own runtime folder where there is one: a lock file another user owns could be held by
 # them to stall every training of this user, so one that is not this user's is not used.
@@ -54,8 +53,6 @@ class TakeTurns(Callback):
 
     def setup(self, trainer, module, stage: str) -> None:
         if trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu":
-            # torch's pool defaults to the cores of the affinity; a cgroup quota may allow less time than that
-            torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
             if os.getpid() not in self.files:
                 self.files[os.getpid()] = own_turns_file()
             self.turns = self.files[os.getpid()]

@@ -22,6 +22,7 @@ from thermal2visible.training.precision import ChannelsLast, RunDevice, run_devi
 from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
 from thermal2visible.cores import usable_cores
 from thermal2visible.training.shared_cores import TakeTurns
+from thermal2visible.training.threads import FreeCoreThreads
 from thermal2visible.training.throughput import Throughput
 
 
@@ -128,8 +129,9 @@ def build_trainer(
     **overrides,
 ) -> Trainer:
     """A Trainer for `train` on `device` (a run passes the one it resolved; by default `run_device(train)`), with
-    per-rank random streams kept in its checkpoints (resume.RandomStreams) and images/s logged every epoch
-    (Throughput); `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
+    per-rank random streams kept in its checkpoints (resume.RandomStreams), turns for the cores (TakeTurns), threads
+    that follow the free cores (FreeCoreThreads, after TakeTurns) and images/s logged every epoch (Throughput);
+    `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
     device = device or run_device(train)
     if train.keep_freed_memory:
         keep_freed_memory()
@@ -148,7 +150,14 @@ def build_trainer(
         min_epochs=train.min_epochs,
         max_epochs=train.max_epochs,
         max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
-        callbacks=[*layout, *callbacks, RandomStreams(train.seed), TakeTurns(), Throughput()],
+        callbacks=[
+            *layout,
+            *callbacks,
+            RandomStreams(train.seed),
+            TakeTurns(),
+            FreeCoreThreads(train.threads),
+            Throughput(),
+        ],
         logger=logger,
         plugins=[AtomicCheckpointIO(), *precision["plugins"]],  # 16-mixed: its plugin, not `precision`
         enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
