@@ -65,9 +65,9 @@ class CachedTestFrames:
     `trained_on` reads the training manifest packed with a model (inference.packing.pyfunc_arguments), so the gate
     can leave out the frames a champion trained on when the data changed."""
 
-    def __init__(self, cache: Path, max_pixels: int, max_model_pixels: int):
+    def __init__(self, cache: Path, max_pixels: int, max_model_pixels: int, max_run_seconds: float):
         self.scratch = tempfile.TemporaryDirectory()  # the downloaded versions, removed with this object
-        self.max_pixels, self.max_model_pixels = max_pixels, max_model_pixels
+        self.limits = (max_pixels, max_model_pixels, max_run_seconds)
         tests = [source for source in load_manifest(cache)["sources"] if source["split"] == "test"]
         if not tests:
             raise PipelineError(f"{cache}: the test split is empty; the champion gate needs test frames")
@@ -78,7 +78,9 @@ class CachedTestFrames:
         if model_uri not in self.models:
             try:  # as data: the version's ONNX file and manifest, run by the installed code (none of its own)
                 scratch = Path(self.scratch.name) / str(len(self.models))
-                self.models[model_uri] = load_registered(model_uri, scratch, self.max_pixels, self.max_model_pixels)
+                self.models[model_uri] = load_registered(model_uri, scratch, *self.limits)
+            except RunTimeLimit as error:  # a graph that loops, stopped on its first run: refused before any move
+                raise PipelineError(f"{error}; refused, nothing was moved") from None
             except MlflowException:  # e.g. files behind a tracking server, asked for straight from its database
                 # (MLflow's own message names the tracking URI, which may hold a database password: not repeated)
                 raise PipelineError(
@@ -102,7 +104,8 @@ class CachedTestFrames:
         if not pairs:
             return math.nan, 0
         model = self._model(model_uri)
-        translate = partial(translate_frame, partial(run_onnx, model.session), settings=model.preprocess)
+        run = partial(run_onnx, model.session, seconds=model.limits.max_run_seconds)
+        translate = partial(translate_frame, run, settings=model.preprocess)
         try:
             return full_frame_psnr(translate, pairs), len(pairs)
         except RunTimeLimit as error:  # a graph that loops is refused by name before any alias moves
@@ -186,7 +189,9 @@ def register_new(
             },
             limits=ServedLimits.of(params.serve),
             training_manifest=trained_manifest(CACHE, settings.data_hash),
-            frames=CachedTestFrames(CACHE, params.serve.max_pixels, params.serve.max_model_pixels),
+            frames=CachedTestFrames(
+                CACHE, params.serve.max_pixels, params.serve.max_model_pixels, params.serve.max_run_seconds
+            ),
         )
     gate = result.gate
     compared = (

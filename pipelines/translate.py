@@ -39,15 +39,17 @@ from thermal2visible.inference.serving import IMAGE, ThermalToVisible, to_base64
 from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
 
 
-def load_model(model: str, max_pixels: int, max_model_pixels: int, scratch: Path) -> ThermalToVisible:
+def load_model(
+    model: str, max_pixels: int, max_model_pixels: int, max_run_seconds: float, scratch: Path
+) -> ThermalToVisible:
     """The installed serving code around a .onnx file, or around the ONNX file of a registered model, fetched as
     data (inference.registered): no code from the registry runs here."""
     if model.endswith(".onnx"):
         if not Path(model).is_file():
             raise PipelineError(f"{model}: no such ONNX file")
-        return model_of_files({"onnx": model}, max_pixels, max_model_pixels)
+        return model_of_files({"onnx": model}, max_pixels, max_model_pixels, max_run_seconds)
     try:
-        return load_registered(model, scratch, max_pixels, max_model_pixels)
+        return load_registered(model, scratch, max_pixels, max_model_pixels, max_run_seconds)
     except MlflowException as error:
         raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
 
@@ -129,21 +131,32 @@ def main() -> None:
         help="most pixels one frame may cost the model once scaled by image_size / its shorter side "
         "(default: params.yaml serve.max_model_pixels)",
     )
+    parser.add_argument(
+        "--max-run-seconds",
+        type=float,
+        help="longest one run of the model may take before the model is refused "
+        "(default: params.yaml serve.max_run_seconds)",
+    )
     args = parser.parse_args()
-    if args.max_pixels is None or args.max_model_pixels is None:
+    limits = ("max_pixels", "max_model_pixels", "max_run_seconds")
+    if any(getattr(args, limit) is None for limit in limits):
         try:
             serve = load_params().serve
         except ConfigError as error:
-            sys.exit(f"error: {error} (run from the project folder, or give --max-pixels and --max-model-pixels)")
-        args.max_pixels = serve.max_pixels if args.max_pixels is None else args.max_pixels
-        args.max_model_pixels = serve.max_model_pixels if args.max_model_pixels is None else args.max_model_pixels
+            sys.exit(
+                f"error: {error} (run from the project folder, or give --max-pixels, --max-model-pixels and "
+                "--max-run-seconds)"
+            )
+        for limit in limits:
+            if getattr(args, limit) is None:
+                setattr(args, limit, getattr(serve, limit))
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     video = args.input.suffix.lower() in VIDEO_SUFFIXES
     try:
         refuse_overlap(args.input, args.output)  # before anything is loaded or written
         images = [] if video else find_images(args.input)
         with tempfile.TemporaryDirectory() as scratch:
-            model = load_model(args.model, args.max_pixels, args.max_model_pixels, Path(scratch))
+            model = load_model(args.model, args.max_pixels, args.max_model_pixels, args.max_run_seconds, Path(scratch))
             if video:
                 frames = translate_video(model, args.input, args.output)
                 print(f"translated {frames} frames of {args.input} into {args.output}")

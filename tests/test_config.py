@@ -47,6 +47,21 @@ def test_override_is_parsed_as_yaml():
         ("preprocess.percentiles=[99, 1]", "preprocess.percentiles"),
         ("preprocess.val_fraction=0.9", "preprocess.test_fraction: 0.15 + val_fraction 0.9 must be < 1"),
         ("preprocess.fixed_range=[5, 5]", "preprocess.fixed_range: [5.0, 5.0] must be finite and increasing"),
+        (
+            "preprocess.fixed_range=[-1.0e+308, 1.0e+308]",
+            "fixed_range: [-1e+308, 1e+308] must be finite and increasing",
+        ),
+        (
+            "preprocess.fixed_range=[0, 0.5]",
+            "preprocess.fixed_range: [0.0, 0.5] must be finite and increasing, at least 1",
+        ),
+        ("preprocess.fixed_range=[-10, 100]", "preprocess.fixed_range: [-10.0, 100.0] must lie within the counts"),
+        ("preprocess.temperature_range=[30, 30.01]", "preprocess.temperature_range: [30.0, 30.01] must be finite"),
+        (
+            "preprocess.percentiles=[0, 1.0e-300]",
+            "preprocess.percentiles: [0.0, 1e-300] must be increasing within [0, 100], at least 1 apart",
+        ),
+        ("serve.max_run_seconds=0", "serve.max_run_seconds: 0 must be > 0"),
         ("preprocess.image_size=-64", "preprocess.image_size: -64 must be >= 16"),
         ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
         ("serve.max_model_pixels=4000", "serve.max_model_pixels: 4000 is less than one 64x64 training square"),

@@ -173,3 +173,16 @@ def test_exif_orientation_is_applied():
     decoded = decode_image(data, "phone.jpg", 10_000)
     assert decoded.shape == (20, 12, 3)
     assert decoded[:5].mean() > 200 and decoded[8:].mean() < 50  # the stripe is now on top
+
+
+def test_a_cmyk_jpeg_is_an_rgb_photo_and_a_cmyk_tiff_is_refused_as_cmyk():
+    """Four samples of ink, not RGB with alpha: the JPEG comes back as Pillow's RGB of it, the TIFF is refused as
+    CMYK (never as "RGBA ... transparent pixels")."""
+    cmyk = Image.fromarray(RGB8).convert("CMYK")
+    pixels = decode_image(pillow_bytes(cmyk, "JPEG", quality=95), "ink.jpg", 10**6)
+    expected = np.asarray(Image.open(io.BytesIO(pillow_bytes(cmyk, "JPEG", quality=95))).convert("RGB"))
+    assert pixels.shape == (12, 10, 3) and pixels.dtype == np.uint8
+    np.testing.assert_array_equal(pixels, expected)
+    ink = np.asarray(cmyk)
+    with pytest.raises(BadImage, match=r"^ink\.tif: CMYK TIFF; expected grey or RGB"):
+        decode_image(tiff_bytes(ink, photometric="separated"), "ink.tif", 10**6)

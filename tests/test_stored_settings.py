@@ -15,6 +15,9 @@ from tiny_model import export_tiny
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.registered import model_of_files
 from thermal2visible.models.payloads import load_generator
+from thermal2visible.paths import MANIFEST
+
+LIMITS = {"max_pixels": 10**6, "max_model_pixels": 10**6, "max_run_seconds": 60.0}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +39,14 @@ def set_preprocess(key, value):
     return lambda metadata: metadata["preprocess"].__setitem__(key, value)
 
 
+def set_image_size(size):
+    """image_size where both the metadata and its preprocess section hold it, so only the graph can refuse it."""
+    return lambda metadata: (
+        metadata.__setitem__("image_size", size),
+        metadata["preprocess"].__setitem__("image_size", size),
+    )
+
+
 @pytest.mark.parametrize(
     "change, named",
     [
@@ -43,6 +54,11 @@ def set_preprocess(key, value):
         (set_preprocess("percentiles", [-50, 500]), "preprocess.percentiles: [-50.0, 500.0] must be increasing"),
         (set_preprocess("fixed_range", [5, 5]), "preprocess.fixed_range: [5.0, 5.0] must be finite and increasing"),
         (set_preprocess("fixed_range", [1e30, -1e30]), "preprocess.fixed_range: [1e+30, -1e+30] must be finite"),
+        (set_preprocess("fixed_range", [-1e308, 1e308]), "preprocess.fixed_range: [-1e+308, 1e+308] must be finite"),
+        (set_preprocess("percentiles", [0, 1e-300]), "preprocess.percentiles: [0.0, 1e-300] must be increasing"),
+        (set_preprocess("temperature_range", [30, 30.01]), "preprocess.temperature_range: [30.0, 30.01] must be"),
+        (set_image_size(17), "metadata image_size 17: the graph cannot run on one 17x17 square"),
+        (set_image_size(4096), "metadata image_size 4096: one 4096x4096 square is over max_model_pixels 1000000"),
         (set_preprocess("image_size", -64), "preprocess.image_size: Input should be greater than or equal to 16"),
         (lambda metadata: metadata.__setitem__("image_size", 1), "metadata image_size: Input should be greater"),
         (
@@ -57,16 +73,32 @@ def set_preprocess(key, value):
 def test_a_tampered_setting_is_refused_naming_the_file_key_and_value(exported, tmp_path, change, named):
     path = tampered(exported, tmp_path / "tampered.onnx", change)
     with pytest.raises(PipelineError, match=re.escape(f"{path}: ") + ".*" + re.escape(named)):
-        model_of_files({"onnx": path}, max_pixels=10**6, max_model_pixels=10**6)
+        model_of_files({"onnx": path}, **LIMITS)
 
 
 def test_the_exported_settings_load_unchanged(exported, tmp_path):
     """The check refuses what is wrong, not what export writes: a file rewritten with its own metadata loads."""
     path = tampered(exported, tmp_path / "same.onnx", lambda metadata: None)
     assert (
-        model_of_files({"onnx": path}, 10**6, 10**6).preprocess
-        == model_of_files({"onnx": str(exported)}, 10**6, 10**6).preprocess
+        model_of_files({"onnx": path}, **LIMITS).preprocess
+        == model_of_files({"onnx": str(exported)}, **LIMITS).preprocess
     )
+
+
+@pytest.mark.parametrize("key, value", [("face_crop", True), ("crop_margin", 0.5), ("thermal_norm", "fixed")])
+def test_a_setting_that_differs_from_the_training_record_is_refused(exported, tiny_cache, tmp_path, key, value):
+    """A setting that changes what the model is fed, valid on its own, but not the one the model trained with (the
+    cache manifest packed with a registered version): refused naming the file, the key, both values and the record."""
+    path = tampered(exported, tmp_path / "tampered.onnx", set_preprocess(key, value))
+    record = str(tiny_cache / MANIFEST)
+    assert getattr(model_of_files({"onnx": path}, **LIMITS).preprocess, key) == value  # alone it would load
+    with pytest.raises(PipelineError) as refused:
+        model_of_files({"onnx": path, "training_manifest": record}, **LIMITS)
+    trained = json.loads((tiny_cache / MANIFEST).read_text())["preprocess"][key]
+    assert str(refused.value) == (
+        f"{path}: metadata preprocess.{key} {value!r} but the training record {record} holds {trained!r}"
+    )
+    assert model_of_files({"onnx": str(exported), "training_manifest": record}, **LIMITS).preprocess.face_crop is False
 
 
 def test_a_generator_payload_with_an_unknown_test_mode_is_refused_naming_the_file(exported, tmp_path):

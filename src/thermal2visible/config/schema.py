@@ -50,6 +50,16 @@ class IngestConfig:
     max_pixels: int
 
 
+# Below these the normalisation stretches a sliver of values (one count, camera noise, a single pixel's value) over
+# the whole [0, 1] range the model saw in training: a setting that runs but gives noise.
+MIN_PERCENTILE_SPACING = 1.0  # percentage points between preprocess.percentiles
+MIN_RANGE_WIDTH = {
+    "fixed_range": 1.0,  # raw counts are integers: a range under one count holds one value
+    "temperature_range": 0.1,  # about twice a radiometric camera's noise (NETD 0.03-0.05 K)
+}
+COUNTS = (0.0, 65535.0)  # the counts of a 16-bit frame (8-bit frames use the lower 256)
+
+
 @dataclass(frozen=True, config=SCHEMA)
 class PreprocessConfig:
     """Checked by range wherever it is read: params.yaml, and the copy stored in a cache, a payload or an ONNX file."""
@@ -72,15 +82,21 @@ class PreprocessConfig:
     @field_validator("percentiles")
     @classmethod
     def _ordered_percentiles(cls, value: tuple[float, float]) -> tuple[float, float]:
-        if not 0 <= value[0] < value[1] <= 100:
-            raise ValueError(f"{list(value)} must be increasing within [0, 100]")
+        if not (0 <= value[0] < value[1] <= 100 and value[1] - value[0] >= MIN_PERCENTILE_SPACING):
+            raise ValueError(
+                f"{list(value)} must be increasing within [0, 100], at least {MIN_PERCENTILE_SPACING:g} apart"
+            )
         return value
 
     @field_validator("fixed_range", "temperature_range")
     @classmethod
-    def _finite_increasing(cls, value: tuple[float, float]) -> tuple[float, float]:
-        if not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
-            raise ValueError(f"{list(value)} must be finite and increasing")
+    def _finite_increasing(cls, value: tuple[float, float], info: ValidationInfo) -> tuple[float, float]:
+        least, width = MIN_RANGE_WIDTH[info.field_name], value[1] - value[0]
+        # The width too: [-1e308, 1e308] has finite bounds, but its width overflows to inf.
+        if not (math.isfinite(value[0]) and math.isfinite(value[1]) and least <= width < math.inf):
+            raise ValueError(f"{list(value)} must be finite and increasing, at least {least:g} apart, a finite width")
+        if info.field_name == "fixed_range" and not COUNTS[0] <= value[0] < value[1] <= COUNTS[1]:
+            raise ValueError(f"{list(value)} must lie within the counts a 16-bit frame holds, {list(COUNTS)}")
         return value
 
     @field_validator("test_fraction")
@@ -193,6 +209,7 @@ class ServeConfig:
     max_rows: Annotated[int, Field(ge=1)]
     max_request_pixels: Annotated[int, Field(ge=1)]
     max_request_cpu_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    max_run_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     max_request_bytes: Annotated[int, Field(ge=1024)]
     workers: Annotated[int, Field(ge=0)]  # 0: one per core
     worker_memory_mib: Annotated[int, Field(ge=256)]

@@ -67,6 +67,8 @@ def _decode_pillow(data: bytes, source: str, max_pixels: int) -> np.ndarray:
         raise
     except Exception as error:
         raise BadImage(source, f"truncated or corrupt {image.format} data ({error})") from None
+    if image.mode == "CMYK":  # a print-ready JPEG: four inks, no alpha; as RGB it is an RGB photo like any other
+        image = image.convert("RGB")
     if image.mode in ("1", "P", "PA"):  # bilevel and palette images have no sample depth of their own
         transparent = image.mode == "PA" or "transparency" in image.info
         image = image.convert("L" if image.mode == "1" else "RGBA" if transparent else "RGB")
@@ -81,6 +83,8 @@ def _tiff_size(tiff: tifffile.TiffFile, source: str) -> tuple[int, int]:
     if len(tiff.pages) != 1:
         raise BadImage(source, f"TIFF holds {len(tiff.pages)} images; expected exactly one")
     page = tiff.pages.first
+    if page.photometric == tifffile.PHOTOMETRIC.SEPARATED:  # its fourth sample is black ink, not an alpha
+        raise BadImage(source, "CMYK TIFF; expected grey or RGB (convert it to RGB first)")
     if page.imagedepth > 1:
         raise BadImage(source, f"TIFF volume of {page.imagedepth} slices; expected one 2-D image")
     if page.samplesperpixel > 4:

@@ -22,10 +22,13 @@ from thermal2visible.inference.serving import TRAINING_MANIFEST, ServedLimits, T
 ARTIFACTS = ("onnx", TRAINING_MANIFEST)  # what a registered version holds as data; anything else it names is ignored
 
 
-def model_of_files(artifacts: dict[str, str], max_pixels: int, max_model_pixels: int) -> ThermalToVisible:
+def model_of_files(
+    artifacts: dict[str, str], max_pixels: int, max_model_pixels: int, max_run_seconds: float
+) -> ThermalToVisible:
     """The installed serving code around local files: {"onnx": path[, "training_manifest": path]}."""
     model = ThermalToVisible()
-    config = asdict(ServedLimits(max_pixels, max_model_pixels))  # no request budget: one local image at a time
+    # no request budget: one local image at a time
+    config = asdict(ServedLimits(max_pixels, max_model_pixels, max_run_seconds=max_run_seconds))
     model.load_context(PythonModelContext(artifacts=artifacts, model_config=config))
     return model
 
@@ -50,9 +53,14 @@ def artifact_files(model_dir: Path, where: str) -> dict[str, str]:
     return files
 
 
-def load_registered(model_uri: str, scratch: Path, max_pixels: int, max_model_pixels: int) -> ThermalToVisible:
+def load_registered(
+    model_uri: str, scratch: Path, max_pixels: int, max_model_pixels: int, max_run_seconds: float
+) -> ThermalToVisible:
     """The model at `model_uri` (models:/NAME@ALIAS, models:/NAME/VERSION, runs:/..., a local model folder),
     downloaded into `scratch` and run by the installed code; none of the version's own code runs. A model the
     tracking URI cannot reach raises MLflow's exception (its message may name that URI: the caller words it)."""
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(scratch)))
-    return model_of_files(artifact_files(local, model_uri), max_pixels, max_model_pixels)
+    try:
+        return model_of_files(artifact_files(local, model_uri), max_pixels, max_model_pixels, max_run_seconds)
+    except PipelineError as error:  # it names a file of the download, a temporary folder: the version comes first
+        raise type(error)(f"{model_uri}: {error}") from None

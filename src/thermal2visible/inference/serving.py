@@ -44,7 +44,15 @@ from thermal2visible.data.images import BadImage, decode_image, image_size
 from thermal2visible.config.schema import ServeConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.frames import model_size, translate_frame
-from thermal2visible.inference.session import RunTimeLimit, exported_settings, onnx_session, run_onnx
+from thermal2visible.inference.session import (
+    RUN_SECONDS,
+    RunTimeLimit,
+    check_runs,
+    check_trained_with,
+    exported_settings,
+    onnx_session,
+    run_onnx,
+)
 from thermal2visible.inference.workers import OverLimit, WorkerLimits, Workers
 from thermal2visible.pixels import quantise
 from thermal2visible.private_apis import KeepsItsMessage
@@ -103,15 +111,16 @@ def row_bytes(value: object, row: int, max_pixels: int) -> bytes:
 
 @dataclass(frozen=True)
 class ServedLimits:
-    """The model_config of a served version (params.yaml's serve section): what one image and one request may cost.
-    The request budget (the last three) is None for the project's own batch clients, which translate one local image
-    at a time."""
+    """The model_config of a served version (params.yaml's serve section): what one image, one request and one run
+    of the model may cost. The request budget (max_rows to max_request_cpu_seconds) is None for the project's own
+    batch clients, which translate one local image at a time."""
 
     max_pixels: int  # one image, width x height
     max_model_pixels: int  # one frame once scaled to the model (frames.model_size)
     max_rows: int | None = None
     max_request_pixels: int | None = None  # summed over the rows
     max_request_cpu_seconds: float | None = None
+    max_run_seconds: float = RUN_SECONDS  # one onnxruntime run; a version packed before the key ran with RUN_SECONDS
 
     @classmethod
     def of(cls, serve: ServeConfig) -> ServedLimits:
@@ -147,6 +156,8 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.load(context.artifacts["onnx"], context.model_config)
         self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # optional: pyfunc_arguments
+        if self.training_manifest is not None:
+            check_trained_with(self.preprocess, self.training_manifest, self.onnx)
 
     def load(self, onnx: str, model_config: dict, threads: int | None = None) -> None:
         """The ONNX session, its checked settings and the limits; `threads`: onnxruntime's intra-op threads (None:
@@ -154,9 +165,10 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         self.onnx, self.model_config = onnx, model_config
         self.session = onnx_session(onnx, threads)
         settings = exported_settings(self.session, onnx)
+        self.limits = ServedLimits(**model_config)
+        check_runs(self.session, settings, onnx, self.limits.max_model_pixels, self.limits.max_run_seconds)
         self.preprocess = settings.preprocess
         self.in_channels = settings.in_channels
-        self.limits = ServedLimits(**model_config)
         self.max_pixels = self.limits.max_pixels
         self.one_at_a_time = threading.Lock()
         self.workers: Workers | None = None
@@ -218,12 +230,12 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         def generate(batch: np.ndarray) -> np.ndarray:
             if work is not None:
                 work.check(where)
-            return run_onnx(self.session, batch)
+            return run_onnx(self.session, batch, self.limits.max_run_seconds)
 
         try:
             visible = translate_frame(generate, frame, self.preprocess)
         except RunTimeLimit as error:  # the model's fault, not the frame's: the caller stops rather than go on
-            raise RunTimeLimit(f"{self.onnx}: {error}") from None
+            raise RunTimeLimit(f"{self.onnx}: {error} (serve.max_run_seconds)") from None
         except PipelineError as error:
             raise bad_request(f"{where}: {error}") from None
         return quantise(visible[:, :, 0] if visible.shape[2] == 1 else visible, np.uint8)

@@ -20,8 +20,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from thermal2visible.config.schema import PreprocessConfig
-
-from thermal2visible.config.stored import upgraded
+from thermal2visible.config.stored import stored_section, upgraded
 from thermal2visible.errors import PipelineError
 
 INPUT_NAME = "thermal"
@@ -37,9 +36,6 @@ class ExportedSettings:
     thermal_dtype: Literal["uint8", "uint16", "float32", "float64"] | None = None  # None: exported before it was kept
     fingerprint: str | None = None
     data_hash: str | None = None
-
-
-RUN_SECONDS = 300.0  # one run (a batch of up to 16 tiles): a few seconds for the U-Net at 512 px on 2 CPU cores
 
 
 class RunTimeLimit(PipelineError):
@@ -107,10 +103,15 @@ def exported_settings(session: ort.InferenceSession, where: str) -> ExportedSett
     return settings
 
 
-def run_onnx(session: ort.InferenceSession, batch: np.ndarray, seconds: float | None = None) -> np.ndarray:
-    """The generator on one batch, stopped after `seconds` (default RUN_SECONDS) by onnxruntime's own flag, which
-    it checks between nodes and between a Loop's iterations: RunTimeLimit then."""
-    seconds = RUN_SECONDS if seconds is None else seconds
+# One run (a batch of up to 16 tiles) of a graph this checkout exported itself (export's parity check, benchmarks): a
+# few seconds for the U-Net at 512 px on 2 CPU cores. Readers of a model file or registered version (make serve,
+# translate.py, the champion gate) take serve.max_run_seconds instead.
+RUN_SECONDS = 300.0
+
+
+def run_onnx(session: ort.InferenceSession, batch: np.ndarray, seconds: float = RUN_SECONDS) -> np.ndarray:
+    """The generator on one batch, stopped after `seconds` by onnxruntime's own flag, which it checks between nodes
+    and between a Loop's iterations: RunTimeLimit then."""
     options = ort.RunOptions()
     options.log_severity_level = 4  # the terminate flag's own error line would reach the user's terminal as noise
     timer = threading.Timer(seconds, setattr, (options, "terminate", True))
@@ -119,7 +120,54 @@ def run_onnx(session: ort.InferenceSession, batch: np.ndarray, seconds: float | 
         return session.run([OUTPUT_NAME], {INPUT_NAME: batch}, options)[0]
     except Exception:
         if options.terminate:
-            raise RunTimeLimit(f"an onnxruntime run passed its {seconds:g} s limit (session.RUN_SECONDS)") from None
+            raise RunTimeLimit(f"an onnxruntime run passed its {seconds:g} s limit") from None
         raise
     finally:
         timer.cancel()
+
+
+def check_runs(
+    session: ort.InferenceSession, settings: ExportedSettings, where: str, max_model_pixels: int, seconds: float
+) -> None:
+    """The graph run once on one training square of its metadata's image_size: a size the network's depth does not
+    take (a U-Net of log2(S) levels fed 17 px) is refused naming the file, key and value when the model is loaded,
+    rather than failing every frame with onnxruntime's text; the graph decides, whichever generator made it. A graph
+    that loops stops at `seconds` (RunTimeLimit naming the file)."""
+    size, channels = settings.image_size, settings.in_channels
+    if size * size > max_model_pixels:  # before the square is allocated: the metadata chose its size
+        raise PipelineError(
+            f"{where}: metadata image_size {size}: one {size}x{size} square is over max_model_pixels "
+            f"{max_model_pixels}, so every frame would be refused"
+        )
+    try:
+        visible = run_onnx(session, np.zeros((1, channels, size, size), np.float32), seconds)
+    except RunTimeLimit as error:
+        raise RunTimeLimit(f"{where}: {error} on one {size}x{size} square (serve.max_run_seconds)") from None
+    except Exception as error:  # onnxruntime's own types, as on load
+        raise PipelineError(
+            f"{where}: metadata image_size {size}: the graph cannot run on one {size}x{size} square "
+            f"({_load_reason(error)})"
+        ) from None
+    if visible.shape != (1, settings.out_channels, size, size):
+        raise PipelineError(
+            f"{where}: metadata image_size {size}: the graph turns one {size}x{size} square into shape "
+            f"{list(visible.shape)}, not [1, {settings.out_channels}, {size}, {size}]"
+        )
+
+
+def check_trained_with(preprocess: PreprocessConfig, manifest: str | Path, where: str) -> None:
+    """The metadata's preprocess settings are those of the training record packed with the model (the cache manifest
+    it trained on), key for key: training refuses params that differ from its cache, so a difference (face_crop on a
+    model trained without it) is a tampered or mismatched file, which would be served with the wrong input."""
+    try:
+        recorded = stored_section("preprocess", json.loads(Path(manifest).read_text())["preprocess"])
+    except (OSError, ValueError, KeyError, TypeError) as error:  # ValueError: bad JSON, or the schema's ConfigError
+        raise PipelineError(f"{manifest}: not a training record this code can read ({error})") from None
+    differ = [
+        f"metadata preprocess.{key} {getattr(preprocess, key)!r} but the training record {manifest} holds "
+        f"{getattr(recorded, key)!r}"
+        for key in preprocess.__dataclass_fields__
+        if getattr(preprocess, key) != getattr(recorded, key)
+    ]
+    if differ:
+        raise PipelineError(f"{where}: " + "; ".join(differ))
