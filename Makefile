@@ -13,11 +13,12 @@ export DO_NOT_TRACK := 1
 
 .PHONY: setup demo exp test test-fast lint format serve ui screenshots clean gpu-check
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml torch.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned: the CPU build on disk. A GPU user installs a CUDA build here instead (docs/training.md).
-	$(PY) -m pip install --quiet torch==2.13.0
+	# torch first, pinned in torch.txt: the CPU build on disk. A GPU user installs a CUDA build here instead
+	# (docs/training.md).
+	$(PY) -m pip install --quiet -r torch.txt
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 

@@ -103,16 +103,26 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-def libraries(files: set[Path]) -> dict[str, str]:
-    """Distribution -> installed version, for every third-party package `files` import (the standard library's
-    modules belong to no distribution and are left out)."""
-    distributions = importlib.metadata.packages_distributions()
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def distributions(files: set[Path]) -> set[str]:
+    """The installed distributions of every third-party package `files` import (the standard library's modules
+    belong to none). Where several install files under one import name (mlflow, mlflow-skinny and mlflow-tracing all
+    under `mlflow`), the one named as the import is the package to install."""
+    installed = importlib.metadata.packages_distributions()
     tops = {name.split(".")[0] for path in files for name in _all_imports(path)} - {PACKAGE.name}
-    return {
-        distribution: importlib.metadata.version(distribution)
-        for top in tops
-        for distribution in distributions.get(top, ())
-    }
+    found = set()
+    for top in tops:
+        candidates = installed.get(top, [])
+        found |= {name for name in candidates if _canonical(name) == _canonical(top)} or set(candidates)
+    return found
+
+
+def libraries(files: set[Path]) -> dict[str, str]:
+    """Distribution -> installed version, for every third-party package `files` import (`distributions`)."""
+    return {distribution: importlib.metadata.version(distribution) for distribution in distributions(files)}
 
 
 def code_digest(script: Path) -> str:
