@@ -56,8 +56,8 @@ TINY = preset_overrides(REPO / "params" / "tiny.yaml")
 GPU_SIZES = [
     "synthesize.resolution=80",
     "preprocess.image_size=64",
-    "model.ngf=32",
-    "model.ndf=32",
+    "model.generator_settings.ngf=32",
+    "model.discriminator_settings.ndf=32",
     "train.batch_size=8",
 ]
 EPOCHS, BATCHES = 2, 2  # per training: enough for a resume half-way and for the random streams to matter

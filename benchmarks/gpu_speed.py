@@ -309,7 +309,17 @@ def main() -> None:
         raise SystemExit("no CUDA GPU here (torch sees none): run with --dry-run on the CPU")
     start = time.perf_counter()
     if args.dry_run:  # the code paths, not figures: 32 px, tiny networks, one round, no compile (minutes on 2 cores)
-        size, model, accelerator, ttq_s, repeats = 32, dataclasses.replace(SHIPPED.model, ngf=8, ndf=8), "cpu", 3, 2
+        size, model, accelerator, ttq_s, repeats = (
+            32,
+            dataclasses.replace(
+                SHIPPED.model,
+                generator_settings=SHIPPED.model.generator_settings | {"ngf": 8},
+                discriminator_settings=SHIPPED.model.discriminator_settings | {"ndf": 8},
+            ),
+            "cpu",
+            3,
+            2,
+        )
         args.batches, args.warmup, args.steps, args.rounds, args.no_compile = [2], 1, 2, 1, True
         device_name = "cpu (dry run)"
     else:

@@ -65,7 +65,9 @@ from thermal2visible.inference.export import (
     quantize_int8,  # noqa: E402
     run_torch,
 )
+from thermal2visible.models.generator import ConvSettings  # noqa: E402
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
+from thermal2visible.models.networks import build_generator, saved_config  # noqa: E402
 from thermal2visible.inference.serving import IMAGE, ServedLimits  # noqa: E402
 from thermal2visible.inference.packing import pyfunc_arguments  # noqa: E402
 from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
@@ -82,7 +84,7 @@ def engine_dtype(name: str) -> str:
 
 def torch_bf16(generator: torch.nn.Module):
     """The fastest eager PyTorch here: bf16 autocast on channels_last weights (for reference)."""
-    fast = UNetGenerator(**generator.config, recompute=False).eval().to(memory_format=torch.channels_last)
+    fast = build_generator(saved_config(generator)).eval().to(memory_format=torch.channels_last)
     fast.load_state_dict(generator.state_dict())
 
     def predict(batch: np.ndarray) -> np.ndarray:
@@ -201,7 +203,7 @@ def main() -> None:
         images = cache_to_model_input(np.load(cache / "train_thermal.npy"))
         torch.manual_seed(0)
         save_generator(
-            UNetGenerator(1, 3, args.size, PAPER_MODEL.ngf, PAPER_MODEL.norm, PAPER_MODEL.dropout, recompute=False),
+            UNetGenerator(1, 3, args.size, ConvSettings(**PAPER_MODEL.generator_settings)),
             scratch / "generator.pt",
             "eval",
             preprocess=dataclasses.asdict(settings),

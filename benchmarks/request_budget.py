@@ -100,7 +100,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="t2v-budget-") as scratch:
         scratch = Path(scratch)
-        model = served_model(scratch, size, SHIPPED.model.ngf)
+        model = served_model(scratch, size, SHIPPED.model.generator_settings["ngf"])
         corners = cases(size)
         for name, images in corners.items():
             with model_server(str(model), scratch / "serve") as url:

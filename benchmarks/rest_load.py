@@ -34,6 +34,7 @@ from benchmarks.common import SHIPPED, add_report_option, result_file, result_st
 from benchmarks.inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.inference.export import export_generator  # noqa: E402
+from thermal2visible.models.generator import ConvSettings  # noqa: E402
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
 from thermal2visible.inference.serving import IMAGE, ServedLimits  # noqa: E402
 from thermal2visible.inference.packing import pyfunc_arguments  # noqa: E402
@@ -45,7 +46,7 @@ def served_model(folder: Path, size: int, ngf: int) -> Path:
     """A pyfunc folder (what `register` logs) around a fresh generator of side `size` and width `ngf`."""
     torch.manual_seed(0)
     save_generator(
-        UNetGenerator(1, 3, size, ngf, SHIPPED.model.norm, SHIPPED.model.dropout, recompute=False),
+        UNetGenerator(1, 3, size, ConvSettings(**SHIPPED.model.generator_settings | {"ngf": ngf})),
         folder / "generator.pt",
         "eval",
         preprocess=dataclasses.asdict(dataclasses.replace(SHIPPED.preprocess, image_size=size)),
@@ -125,7 +126,10 @@ def main() -> None:
         help="model side (default: params.yaml preprocess.image_size)",
     )
     parser.add_argument(
-        "--ngf", type=int, default=SHIPPED.model.ngf, help="generator width (default: params.yaml model.ngf)"
+        "--ngf",
+        type=int,
+        default=SHIPPED.model.generator_settings["ngf"],
+        help="generator width (default: params.yaml model.generator_settings.ngf)",
     )
     add_report_option(parser, "load", "{json,png}")
     args = parser.parse_args()

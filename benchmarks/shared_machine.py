@@ -234,7 +234,8 @@ def main() -> None:
         images = json.loads((caches[0] / "manifest.json").read_text())["counts"]["train"] * args.epochs
         body = {"dataframe_split": {"columns": [IMAGE], "data": [[request_frame(size)]]}}
         p99s_beside: list[float] = []
-        with model_server(str(served_model(scratch, size, SHIPPED.model.ngf)), scratch / "serve") as url:
+        served = served_model(scratch, size, SHIPPED.model.generator_settings["ngf"])
+        with model_server(str(served), scratch / "serve") as url:
             load = RestLoad(url, body)
             records = measure_rounds(
                 {
@@ -252,7 +253,7 @@ def main() -> None:
         "epochs": args.epochs,
         "images_per_training": images,
         "clients": CLIENTS,
-        "model": {"size": size, "ngf": SHIPPED.model.ngf, "batch_size": SHIPPED.train.batch_size},
+        "model": {"size": size, "ngf": SHIPPED.model.generator_settings["ngf"], "batch_size": SHIPPED.train.batch_size},
         "threads": SHIPPED.train.threads,
         "rounds": records,
     }

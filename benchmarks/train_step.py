@@ -72,6 +72,7 @@ from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import read_pair  # noqa: E402
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible  # noqa: E402
 from thermal2visible.models.discriminators.patchgan import PatchDiscriminator, patch_layers  # noqa: E402
+from thermal2visible.models.generator import ConvSettings  # noqa: E402
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
 from thermal2visible.pixels import to_model  # noqa: E402
 from thermal2visible.training.allocator import keep_freed_memory  # noqa: E402
@@ -136,8 +137,13 @@ class PlainPix2Pix:
 
     def __init__(self, model: ModelConfig, size: int, visible_channels: int = 3):
         train = SHIPPED.train
-        self.generator = UNetGenerator(1, visible_channels, size, model.ngf, model.norm, model.dropout, recompute=False)
-        self.discriminator = PatchDiscriminator(1 + visible_channels, model.ndf, model.norm, patch_layers(size))
+        self.generator = UNetGenerator(1, visible_channels, size, ConvSettings(**model.generator_settings))
+        self.discriminator = PatchDiscriminator(
+            1 + visible_channels,
+            model.discriminator_settings["ndf"],
+            model.discriminator_settings["norm"],
+            patch_layers(size),
+        )
         self.opt_g, self.opt_d = (
             torch.optim.Adam(net.parameters(), train.lr_g, betas=(train.beta1, train.beta2))
             for net in (self.generator, self.discriminator)
@@ -339,7 +345,7 @@ def main() -> None:
             results.append(
                 {
                     "size": size,
-                    "ngf": model_for(size).ngf,
+                    "ngf": model_for(size).generator_settings["ngf"],
                     "batch": args.batch,
                     "steps": steps,
                     "flops_per_step": flops,

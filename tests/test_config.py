@@ -25,7 +25,20 @@ def test_shipped_params_load_and_flatten():
     assert flat["train.batch_size"] == params.train.batch_size
     assert "early_stop.window" in flat and not any(key.startswith("model.") for key in flat)
     # a mapping as one param, its JSON text: a logger spreads a dict into keys, or drops an empty one
-    assert params.flat("model")["model.generator_settings"] == "{}"
+    assert json.loads(params.flat("model")["model.generator_settings"]) == params.model.generator_settings
+
+
+def test_a_params_file_from_before_the_networks_had_settings_reads_as_today(tmp_path):
+    """model.ngf, ndf, norm, dropout and discriminator_scales moved into the networks' settings: a params.yaml,
+    preset or override of the old form says what it said, and an old key wins (an override is the newer word)."""
+    raw = yaml.safe_load(REPO_PARAMS.read_text())
+    generator, discriminator = raw["model"].pop("generator_settings"), raw["model"].pop("discriminator_settings")
+    raw["model"] |= {key: generator[key] for key in ("ngf", "norm", "dropout")}
+    raw["model"] |= {"ndf": discriminator["ndf"], "discriminator_scales": discriminator["scales"]}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert load_params(tmp_path / "params.yaml") == load_params(REPO_PARAMS)
+    overridden = load_params(REPO_PARAMS, ["model.ngf=64", "model.discriminator_scales=2"]).model
+    assert overridden.generator_settings["ngf"] == 64 and overridden.discriminator_settings["scales"] == 2
 
 
 def test_override_is_parsed_as_yaml():
@@ -66,10 +79,8 @@ def test_override_is_parsed_as_yaml():
         ("train.batch_size=3", "train.batch_size: 3 is not divisible"),
         ("serve.max_model_pixels=4000", "serve.max_model_pixels: 4000 is less than one 64x64 training square"),
         ("train", "expected section.key=value"),
-        ("model.discriminator_scales=4", "model.discriminator_scales: 4 is not one of"),
         ("train.lambda_feat=-1", "train.lambda_feat: -1 must be >= 0"),
         ("train.small_convs_as_matmul=-1", "train.small_convs_as_matmul: -1 must be >= 0"),
-        ("model.dropout=1", "model.dropout: 1 must be < 1"),
     ],
 )
 def test_bad_values_name_their_key(override, named):
@@ -87,15 +98,16 @@ def test_bad_values_name_their_key(override, named):
             ["preprocess.image_size=50", "model.generator=resnet"],
             "preprocess.image_size: 50 must be a multiple of 4 >= 16",
         ),
-        (["preprocess.image_size=32", "model.discriminator_scales=2"], None),
+        (["preprocess.image_size=32", "model.discriminator_settings.scales=2"], None),
         (
-            ["preprocess.image_size=32", "model.discriminator_scales=3"],
-            "model.discriminator_scales: 3 scales of a 32 px image .* coarsest at 8 px, under the 16 px",
+            ["preprocess.image_size=32", "model.discriminator_settings.scales=3"],
+            "preprocess.image_size: 32 px in 3 scales .*discriminator_settings.scales.* leaves the coarsest at 8 px, "
+            "under the 16 px a PatchGAN needs",
         ),
     ],
 )
 def test_the_generator_and_discriminator_scales_fit_the_image_size(overrides, refusal):
-    """The discriminator's rule is the schema's; a generator's is its own module's, checked where it is built."""
+    """Each network's size rule is its own module's, checked where it is built."""
 
     def check() -> None:
         params = load_params(REPO_PARAMS, overrides)
@@ -113,8 +125,10 @@ def test_the_generator_and_discriminator_scales_fit_the_image_size(overrides, re
     [
         ("model.generator=vae", "model.generator: 'vae' is not one of ['resnet', 'unet']"),
         ("model.discriminator=critic", "model.discriminator: 'critic' is not one of ['patchgan']"),
-        ("model.generator_settings={depth: 4}", "model.generator_settings.depth: Unexpected keyword argument"),
-        ("model.discriminator_settings={depth: 4}", "model.discriminator_settings.depth: Unexpected keyword argument"),
+        ("model.generator_settings.depth=4", "model.generator_settings.depth: Unexpected keyword argument"),
+        ("model.discriminator_settings.depth=4", "model.discriminator_settings.depth: Unexpected keyword argument"),
+        ("model.generator_settings.dropout=1", "model.generator_settings.dropout: Input should be less than 1"),
+        ("model.discriminator_settings.scales=4", "model.discriminator_settings.scales: Input should be 1, 2 or 3"),
     ],
 )
 def test_a_network_kind_or_setting_that_is_not_there_is_named(override, refusal):
@@ -139,6 +153,8 @@ def test_every_preset_loads_and_changes_what_it_names(preset):
     for section, keys in raw.items():
         for key, value in keys.items():
             loaded = getattr(getattr(params, section), key)
+            if isinstance(value, dict):  # laid over params.yaml's mapping key by key
+                loaded = {inner: loaded[inner] for inner in value}
             assert list(loaded) == value if isinstance(loaded, tuple) else loaded == value, f"{section}.{key}"
 
 
@@ -196,9 +212,11 @@ def test_a_section_training_reads_marks_every_key_and_dvc_gives_train_every_weig
 
 def test_stored_settings_are_upgraded_in_one_place():
     """A key added after models were stored reads as the value they were made with; another missing key is named."""
-    stored = dataclasses.asdict(load_params(REPO_PARAMS).model)
-    del stored["generator"], stored["discriminator_scales"]
-    assert stored_section("model", stored) == load_params(REPO_PARAMS, ["model.generator=unet"]).model
+    model = load_params(REPO_PARAMS).model
+    generator, discriminator = model.generator_settings, model.discriminator_settings
+    # as the first models stored it: no generator (all were U-Nets), one norm for both networks, a single scale
+    stored = {key: generator[key] for key in ("ngf", "norm", "dropout")} | {"ndf": discriminator["ndf"]}
+    assert stored_section("model", stored | {"recompute": model.recompute}) == load_params(REPO_PARAMS).model
     preprocess = json.loads(json.dumps(dataclasses.asdict(load_params(REPO_PARAMS).preprocess)))
     assert stored_section("preprocess", preprocess) == load_params(REPO_PARAMS).preprocess
     del preprocess["align"]

@@ -31,10 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH, STEPS, SIZE = 8, 2, 16
 # No norm and no dropout: nothing in a sample's gradient depends on which process holds it. (Instance norm would
 # do too, but it leaves the biases before it with zero gradient, whose rounding noise Adam blows up to +-lr.)
-TINY = shipped("model", ngf=8, ndf=8, norm="none", dropout=0.0)
+TINY = shipped(
+    "model",
+    generator_settings={"ngf": 8, "norm": "none", "dropout": 0.0},
+    discriminator_settings={"ndf": 8, "norm": "none", "scales": 1},
+)
 # The same with pix2pixHD's options (the ResNet generator, a 2-scale D and feature matching), under each update
 # rule: simultaneous sends both D forwards through D's wrapper and G's backward through that wrapper's graph.
-HD = dataclasses.replace(TINY, generator="resnet", discriminator_scales=2)
+HD = dataclasses.replace(TINY, generator="resnet", discriminator_settings=TINY.discriminator_settings | {"scales": 2})
 OPTIONS = {
     "pix2pix": (TINY, {}),
     "pix2pixHD": (HD, {"lambda_feat": 10.0}),
@@ -166,7 +170,14 @@ def train_ranks(cache: Path, out: Path) -> None:
     data = PairedDataModule(cache, per_process_batch(train), shipped("loader", jitter=True))
     module = Pix2Pix(
         *build_networks(
-            shipped("model", ngf=8, ndf=8, norm="batch", dropout=0.5), 32, data.thermal_channels, data.visible_channels
+            shipped(
+                "model",
+                generator_settings={"ngf": 8, "norm": "batch", "dropout": 0.5},
+                discriminator_settings={"ndf": 8, "norm": "batch", "scales": 1},
+            ),
+            32,
+            data.thermal_channels,
+            data.visible_channels,
         ),
         train,
     )

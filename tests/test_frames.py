@@ -18,6 +18,7 @@ from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.data.preprocess import crop_box, normalise_frame, prepare_thermal
 from thermal2visible.inference.export import run_torch
 from thermal2visible.inference.frames import translate_frame
+from thermal2visible.models.generator import ConvSettings
 from thermal2visible.models.generators.unet import UNetGenerator
 from thermal2visible.pixels import from_model, nhwc, to_model, unit
 from shipped import shipped
@@ -107,7 +108,7 @@ def l1_fitted_generator(cache, steps: int = 35) -> UNetGenerator:
         torch.from_numpy(to_model(np.load(cache / f"train_{kind}.npy"))) for kind in ("thermal", "visible")
     )
     generator = UNetGenerator(
-        thermal.shape[1], visible.shape[1], thermal.shape[2], ngf=8, norm="batch", dropout=0.0, recompute=False
+        thermal.shape[1], visible.shape[1], thermal.shape[2], ConvSettings(ngf=8, norm="batch", dropout=0.0)
     )
     optimizer = torch.optim.Adam(generator.parameters(), lr=2e-3)
     for _ in range(steps):

@@ -14,7 +14,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from thermal2visible.errors import ConfigError
-from thermal2visible.config.schema import SECTIONS, TrainConfig
+from thermal2visible.config.schema import SECTIONS, ModelConfig, TrainConfig
 from thermal2visible.config.stored import added_later, marked, weight_defining
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
@@ -30,7 +30,18 @@ from thermal2visible.training.throughput import Throughput
 from thermal2visible.training.trainer import GanDDPStrategy, build_trainer, per_process_batch
 from shipped import SHIPPED, shipped
 
-TINY_MODEL = shipped("model", ngf=4, ndf=4, norm="batch", dropout=0.5)
+
+def tiny_model(generator: str = "unet", norm: str = "batch", dropout: float = 0.5, scales: int = 1) -> ModelConfig:
+    """params.yaml's model section with networks 4 channels wide."""
+    return shipped(
+        "model",
+        generator=generator,
+        generator_settings={"ngf": 4, "norm": norm, "dropout": dropout},
+        discriminator_settings={"ndf": 4, "norm": norm, "scales": scales},
+    )
+
+
+TINY_MODEL = tiny_model()
 SIZE = 16
 RULES = ["alternating", "simultaneous"]  # train.update_rule
 
@@ -331,7 +342,7 @@ def test_non_finite_losses_skip_the_step_then_stop_the_run(rule):
 @pytest.mark.parametrize("norm", ["batch", "none"])  # none: no statistics, nothing for a simultaneous step to undo
 def test_a_bad_step_is_skipped_and_training_goes_on(rule, norm):
     train = tiny_train(max_bad_steps=5, update_rule=rule)
-    module = Pix2Pix(*build_networks(dataclasses.replace(TINY_MODEL, norm=norm), SIZE, 1, 3), train)
+    module = Pix2Pix(*build_networks(tiny_model(norm=norm), SIZE, 1, 3), train)
     trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader(count=6, poison={0, 1}))
     assert module.bad_steps == 1 and math.isfinite(trainer.callback_metrics["loss_g"].item())
@@ -480,7 +491,7 @@ def test_identity_loss_uses_a_frozen_recognizer():
         Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(lambda_id=1.0))
 
 
-PIX2PIXHD = shipped("model", generator="resnet", ngf=4, ndf=4, norm="batch", dropout=0.5, discriminator_scales=2)
+PIX2PIXHD = tiny_model(generator="resnet", scales=2)
 
 
 def test_resnet_with_multi_scale_d_and_feature_matching_trains_in_bf16_with_channels_last():
@@ -592,11 +603,11 @@ def test_update_rules_take_the_steps_of_their_reference_code():
     """Two steps of each rule (fp32, no dropout) give the gradients and weights of its hand-written reference, and
     the references differ: D's lr and a small L1 weight make G's adversarial gradient depend on D's step."""
     train = tiny_train(lambda_l1=1.0, lr_d=0.01)
-    model = dataclasses.replace(TINY_MODEL, dropout=0.0)
+    model = tiny_model(dropout=0.0)
     references = {}
     for rule, reference_step in REFERENCES.items():
         module = Pix2Pix(*build_networks(model, SIZE, 1, 3), dataclasses.replace(train, update_rule=rule))
-        G, D = copy.deepcopy(module.generator), PatchDiscriminator(4, model.ndf, model.norm, patch_layers(SIZE))
+        G, D = copy.deepcopy(module.generator), PatchDiscriminator(4, 4, "batch", patch_layers(SIZE))
         D.load_state_dict(module.discriminator.state_dict())
         build_trainer(train).fit(module, train_dataloaders=loader())
         opt_g, opt_d = (

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from thermal2visible.models.discriminators.patchgan import PatchDiscriminator, patch_layers
+from thermal2visible.models.generator import ConvSettings
 from thermal2visible.models.generators.unet import UNetGenerator
 from thermal2visible.models.small_convs import SmallConvsAsMatmul, conv2d_as_matmul, conv_transpose2d_as_matmul
 from thermal2visible.training.module import Pix2Pix
@@ -57,7 +58,7 @@ class CountedCalls(TorchFunctionMode):
 def test_only_convolutions_whose_smaller_map_is_at_most_max_side_become_matmuls(max_side, in_g, in_d):
     """The 64 px U-Net's six encoder convolutions output 32, 16, 8, 4, 2, 1 px and its six transposed ones take 1, 2,
     4, 8, 16, 32 px; the PatchGAN's five output 32, 16, 8, 7 and 6 px."""
-    generator = UNetGenerator(1, 3, 64, 4, "batch", 0.0, recompute=False)
+    generator = UNetGenerator(1, 3, 64, ConvSettings(ngf=4, norm="batch", dropout=0.0))
     discriminator = PatchDiscriminator(4, 4, "batch", patch_layers(64))
     thermal = torch.rand(2, 1, 64, 64)
     with CountedCalls() as counted, SmallConvsAsMatmul(max_side):
@@ -96,7 +97,7 @@ def test_recomputed_blocks_lay_their_convolutions_out_as_their_forward_did():
     mode, so it must enter the same layout again (else torch's checkpoint finds other saved tensors and fails);
     the gradients are those of the run without recomputation."""
     torch.manual_seed(0)
-    plain = UNetGenerator(1, 3, 32, ngf=8, norm="batch", dropout=0.0, recompute=False)
+    plain = UNetGenerator(1, 3, 32, ConvSettings(ngf=8, norm="batch", dropout=0.0))
     recomputing = copy.deepcopy(plain)
     recomputing.recompute = True
     x = torch.rand(2, 1, 32, 32)

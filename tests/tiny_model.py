@@ -28,9 +28,7 @@ def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, ki
         "in_channels": manifest["thermal_channels"],
         "out_channels": manifest["visible_channels"],
         "image_size": manifest["image_size"],
-        "ngf": ngf,
-        "norm": "batch",
-        "dropout": 0.5,
+        "settings": {"ngf": ngf, "norm": "batch", "dropout": 0.5},
     }
     torch.manual_seed(seed)
     generator = build_generator(model).train()

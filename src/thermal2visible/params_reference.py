@@ -1,6 +1,7 @@
 """docs/params.md, generated: every key of params.yaml with its type (the schema's) and its comment (params.yaml's),
-and whether it defines the trained weights (the schema's marks). Values stay in params.yaml: an experiment that
-changes one leaves this page true.
+and whether it defines the trained weights (the schema's marks); then each network kind models/ holds with its own
+settings (its module's `Settings`: type and description). Values stay in params.yaml: an experiment that changes one
+leaves this page true.
 
     python -m thermal2visible.params_reference            # rewrite docs/params.md
     python -m thermal2visible.params_reference --check    # exit 1 when docs/params.md is stale (the tests run it)
@@ -18,6 +19,7 @@ from pathlib import Path
 from thermal2visible.config.schema import SECTIONS
 
 from thermal2visible.config.stored import marked
+from thermal2visible.models.networks import ROLES
 from thermal2visible.paths import PARAMS
 
 REFERENCE = Path("docs/params.md")
@@ -61,6 +63,25 @@ def cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def kinds() -> list[str]:
+    """A section per role (model.generator, model.discriminator): each kind, its module's first paragraph and
+    the keys of model.<role>_settings its Settings declares."""
+    lines = []
+    for role, networks in ROLES.items():
+        lines += ["", f"## `model.{role}` kinds and their `model.{role}_settings`"]
+        for kind, network in sorted(networks.items()):
+            module = sys.modules[network.__module__]
+            hints = typing.get_type_hints(network.Settings, include_extras=True)
+            summary = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())  # its first paragraph
+            lines += ["", f"### `{kind}`", "", summary, ""]
+            lines += ["| key | type | what it does |", "|---|---|---|"]
+            for field in dataclasses.fields(network.Settings):
+                annotation, *extras = typing.get_args(hints[field.name]) or (hints[field.name],)
+                described = next((extra.description for extra in extras if getattr(extra, "description", None)), "")
+                lines.append(f"| `{field.name}` | {cell(type_name(annotation))} | {cell(described)} |")
+    return lines
+
+
 def reference(params_text: str) -> str:
     notes = comments(params_text)
     lines = [
@@ -85,7 +106,7 @@ def reference(params_text: str) -> str:
             lines.append(
                 f"| `{key}` | {cell(type_name(hints[key]))} | {defines} | {cell(notes.get(f'{section}.{key}', ''))} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + kinds()) + "\n"
 
 
 def main(argv: list[str]) -> None:

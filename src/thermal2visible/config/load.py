@@ -13,20 +13,23 @@ from pydantic import TypeAdapter, ValidationError
 
 from thermal2visible.config.messages import reason
 from thermal2visible.config.schema import SCHEMA, Params
+from thermal2visible.config.stored import upgraded_model
 from thermal2visible.errors import ConfigError
 from thermal2visible.paths import DVC_YAML, PARAMS
 
 
 def apply_override(raw: dict, override: str) -> None:
-    """`section.key=value`, the value parsed as YAML (as `dvc exp run -S` does)."""
+    """`section.key=value`, the value parsed as YAML, or `section.key.inner=value` for a key of a mapping (as `dvc
+    exp run -S` does both)."""
     dotted, sep, value = override.partition("=")
-    section, dot, key = dotted.partition(".")
-    if not sep or not dot or not key:
+    *path, key = dotted.split(".")
+    if not sep or not path or not all(path) or not key:
         raise ConfigError(f"override {override!r}: expected section.key=value")
-    raw.setdefault(section, {})
-    if not isinstance(raw[section], dict):
-        raise ConfigError(f"{section}: expected a mapping of keys")
-    raw[section][key] = yaml.safe_load(value)
+    for depth, name in enumerate(path):
+        raw = raw.setdefault(name, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{'.'.join(path[: depth + 1])}: expected a mapping of keys")
+    raw[key] = yaml.safe_load(value)
 
 
 def _read_sections(path: Path, role: str) -> dict:
@@ -44,7 +47,8 @@ def _read_sections(path: Path, role: str) -> dict:
 
 def preset_overrides(path: str | Path) -> list[str]:
     """A preset (a YAML file under params/ holding some sections and keys of params.yaml) as `section.key=value`
-    overrides, values in compact JSON (which YAML reads back) so a shell splits the list at spaces only."""
+    overrides, values in compact JSON (which YAML reads back) so a shell splits the list at spaces only. A mapping
+    is laid over params.yaml's key by key (`model.generator_settings.ngf=64`), as the sections are."""
     raw = _read_sections(Path(path), "preset")
 
     def text(value: object) -> str:
@@ -52,7 +56,17 @@ def preset_overrides(path: str | Path) -> list[str]:
             return value
         return json.dumps(value, separators=(",", ":"))
 
-    return [f"{section}.{key}={text(value)}" for section, keys in raw.items() for key, value in (keys or {}).items()]
+    def leaves(dotted: str, value: object) -> list[str]:
+        if isinstance(value, dict) and value:
+            return [leaf for key, inner in value.items() for leaf in leaves(f"{dotted}.{key}", inner)]
+        return [f"{dotted}={text(value)}"]
+
+    return [
+        leaf
+        for section, keys in raw.items()
+        for key, value in (keys or {}).items()
+        for leaf in leaves(f"{section}.{key}", value)
+    ]
 
 
 def stage_sections(pipeline: Path = DVC_YAML) -> set[str]:
@@ -86,6 +100,8 @@ def load_params(
     raw = _read_sections(path, "params")
     for override in overrides:
         apply_override(raw, override)
+    if isinstance(raw.get("model"), dict):  # a params.yaml, preset or override in the form before settings moved
+        raw["model"] = upgraded_model(raw["model"])
     schema = extended(own_sections or {})
     for section in (raw.keys() - typing.get_type_hints(schema).keys()) & stage_sections():
         del raw[section]

@@ -10,14 +10,8 @@ if TYPE_CHECKING:
 
 def check(params: Params) -> None:
     """ValueError naming the key to change where two keys do not fit together (one key's range is its own, in
-    schema.py; the generator's own size rule is its module's, checked where the network is built)."""
-    size, m = params.preprocess.image_size, params.model
-    if size >> (m.discriminator_scales - 1) < 16:
-        raise ValueError(
-            f"model.discriminator_scales: {m.discriminator_scales} scales of a {size} px image "
-            f"(preprocess.image_size) leave the coarsest at {size >> (m.discriminator_scales - 1)} px, "
-            "under the 16 px a PatchGAN needs"
-        )
+    schema.py; a network's own size rule is its module's, checked where the network is built: models.networks)."""
+    size = params.preprocess.image_size
     t = params.train
     if t.min_epochs > t.max_epochs:
         raise ValueError(f"train.min_epochs: {t.min_epochs} exceeds train.max_epochs {t.max_epochs}")

@@ -120,15 +120,11 @@ class LoaderConfig:
 @dataclass(frozen=True, config=SCHEMA)
 class ModelConfig:
     generator: str = defines_weights(before="unet")  # a module of models/generators/ (models/networks.py)
-    # model.generator's own settings, checked by its module's `Settings` (models/networks.py); unet and resnet: none
+    # model.generator's own settings, checked by its module's `Settings` (models/networks.py; docs/params.md lists
+    # each kind's): config/ sits below the networks, so the kind's type is not known here
     generator_settings: dict[str, int | float | bool | str] = defines_weights(before={})
-    ngf: int = defines_weights()
-    ndf: int = defines_weights()
     discriminator: str = defines_weights(before="patchgan")  # a module of models/discriminators/
     discriminator_settings: dict[str, int | float | bool | str] = defines_weights(before={})  # as generator_settings
-    discriminator_scales: Literal[1, 2, 3] = defines_weights(before=1)
-    norm: Literal["batch", "instance", "none"] = defines_weights()
-    dropout: Annotated[float, Field(ge=0, lt=1)] = defines_weights()  # 1 would drop every activation
     recompute: bool = run_setting()
 
 

@@ -39,8 +39,39 @@ def added_later() -> dict[tuple[str, str], object]:
 
 
 def upgraded(section: str, settings: dict) -> dict:
-    """A section as stored by an older version, with each key added since at the value those files were made with."""
-    return {key: before for (name, key), before in added_later().items() if name == section} | settings
+    """A section as stored by an older version, with each key added since at the value those files were made with
+    (and the model keys moved since where they went)."""
+    settings = {key: before for (name, key), before in added_later().items() if name == section} | settings
+    return upgraded_model(settings) if section == "model" else settings
+
+
+# The model keys of the files written before each network had its own settings: old key -> where each went.
+MOVED_INTO_SETTINGS = {
+    "ngf": (("generator_settings", "ngf"),),
+    "norm": (("generator_settings", "norm"), ("discriminator_settings", "norm")),  # one norm was both networks'
+    "dropout": (("generator_settings", "dropout"),),
+    "ndf": (("discriminator_settings", "ndf"),),
+    "discriminator_scales": (("discriminator_settings", "scales"),),
+}
+MOVED_BEFORE = {"discriminator_scales": 1}  # what the files written before that key had
+
+
+def upgraded_model(model: dict) -> dict:
+    """A model section in the form of params.yaml, a preset or an override written before each network had its own
+    settings (model.ngf, ndf, norm, dropout, discriminator_scales): those keys moved into the networks' settings.
+    A key given the old way wins: in an old file it is the only one, and an override in the old form (`-S
+    model.ngf=64`) is newer than the file it changes."""
+    if not model.keys() & MOVED_INTO_SETTINGS.keys():
+        return model
+    moved = {key: value for key, value in model.items() if key not in MOVED_INTO_SETTINGS}
+    for old, places in MOVED_INTO_SETTINGS.items():
+        for settings_key, key in places:
+            settings = moved[settings_key] = dict(moved.get(settings_key) or {})
+            if old in model:
+                settings[key] = model[old]
+            elif old in MOVED_BEFORE:
+                settings.setdefault(key, MOVED_BEFORE[old])
+    return moved
 
 
 def stored_section(section: str, settings: dict):
@@ -62,11 +93,23 @@ PAYLOAD_ADDED_LATER = {"test_mode": "eval"}  # a generator payload: all were tes
 CHECKPOINT_ADDED_LATER = {"bad_steps": 0}  # a training checkpoint: train.max_bad_steps counted from 0 then
 
 
+SHARED_ARGUMENTS = (
+    "generator",
+    "in_channels",
+    "out_channels",
+    "image_size",
+)  # a saved generator's, beside its settings
+
+
 def upgraded_payload(payload: dict) -> dict:
     """A generator payload (models/payloads.py) as this version reads it; its `model` section names model.generator
-    (one saved before that key existed is of the kind all were then)."""
-    generator = {"generator": added_later()[("model", "generator")]}
-    return PAYLOAD_ADDED_LATER | payload | {"model": generator | payload["model"]}
+    (one saved before that key existed is of the kind all were then) and holds the generator's own `settings` (one
+    saved before, its arguments beyond the shared ones: the U-Net's and ResNet's ngf, norm, dropout)."""
+    model = {"generator": added_later()[("model", "generator")]} | payload["model"]
+    if "settings" not in model:
+        own = {key: value for key, value in model.items() if key not in SHARED_ARGUMENTS}
+        model = {key: value for key, value in model.items() if key in SHARED_ARGUMENTS} | {"settings": own}
+    return PAYLOAD_ADDED_LATER | payload | {"model": model}
 
 
 def upgraded_checkpoint(checkpoint: dict) -> dict:

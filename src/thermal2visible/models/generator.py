@@ -5,21 +5,27 @@ themselves are the modules of models/generators/, one architecture each (models/
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from contextlib import contextmanager, nullcontext
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from thermal2visible.config.schema import SCHEMA, TrainConfig
 from thermal2visible.models.small_convs import ACTIVE_SIDE, small_convs_as_matmul
 
 
-def make_norm(kind: str, channels: int) -> nn.Module:
+Norm = Literal["batch", "instance", "none"]  # make_norm's kinds
+
+
+def make_norm(kind: Norm, channels: int) -> nn.Module:
     if kind == "batch":
         return nn.BatchNorm2d(channels)
     if kind == "instance":
@@ -101,48 +107,52 @@ def recomputed_as_run(block: nn.Module, small_convs_side: int):
 
 @dataclass(frozen=True, config=SCHEMA)
 class NoSettings:
-    """The settings of a generator that has none of its own."""
+    """The settings of a network that has none of its own."""
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class ConvSettings:
+    """The settings of the pix2pix generators (the U-Net and the ResNet): width, norm and dropout."""
+
+    ngf: Annotated[int, Field(ge=1, description="width: channels of the first layer (paper: 64)")]
+    norm: Annotated[Norm, Field(description="the norm after each convolution")]
+    dropout: Annotated[float, Field(ge=0, lt=1, description="dropout rate, where the network has dropout; 0: none")]
 
 
 class Generator(nn.Module):
-    """What every generator architecture (a module of models/generators/) is: an nn.Module with a `kind` (the value
-    of model.generator that picks it), a `size_rule` (why an image size does not fit it, or None) and its own
-    `Settings` (a schema dataclass of the keys model.generator_settings gives it), built from the arguments every
-    generator takes and its own settings; `config` is what is saved with its weights to rebuild it
-    (models.networks.build_generator)."""
+    """What every generator architecture (a module of models/generators/) is: an nn.Module built from its input and
+    output channels, the image size and its own settings, with
+
+    kind       the value of model.generator that picks it;
+    Settings   a schema dataclass of its own settings (model.generator_settings, checked by type and range; its
+               fields' descriptions are docs/params.md's). A `dropout` or a `norm` field means what ConvSettings'
+               do: the shared tests (tests/test_models.py) check dropout and batch norm where a kind has them;
+    example    small Settings the shared tests build it with;
+    size_rule  why an image size does not fit it with some settings, or None.
+
+    `config` is what is saved with its weights to rebuild it (models.networks.build_generator); `recompute`
+    (model.recompute, set where it is trained) recomputes its blocks in backward (run_block)."""
 
     kind: str
     Settings: type = NoSettings
+    example: object = NoSettings()
 
     @staticmethod
-    def size_rule(image_size: int) -> str | None:
+    def size_rule(image_size: int, settings) -> str | None:
         raise NotImplementedError
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        image_size: int,
-        ngf: int,
-        norm: str,
-        dropout: float,
-        recompute: bool,
-        **settings,
-    ):
+    def __init__(self, in_channels: int, out_channels: int, image_size: int, settings):
         super().__init__()
-        if self.size_rule(image_size):
-            raise ValueError(f"image_size {self.size_rule(image_size)}")
+        if self.size_rule(image_size, settings):
+            raise ValueError(f"image_size {self.size_rule(image_size, settings)}")
         if in_channels not in (1, 3):
             raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
-        self.recompute = recompute
+        self.recompute = False
         self.config = {
             "in_channels": in_channels,
             "out_channels": out_channels,
             "image_size": image_size,
-            "ngf": ngf,
-            "norm": norm,
-            "dropout": dropout,
-            **settings,
+            "settings": dataclasses.asdict(settings),
         }
 
 

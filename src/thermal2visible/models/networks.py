@@ -3,7 +3,6 @@ holds, found there rather than listed) and the PatchGAN; and rebuilding a genera
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from pydantic import TypeAdapter, ValidationError
@@ -42,12 +41,11 @@ def network_class(model: ModelConfig, role: str) -> type:
     return kinds[kind]
 
 
-def own_settings(model: ModelConfig, role: str) -> dict:
+def own_settings(model: ModelConfig, role: str):
     """model.<role>_settings checked by the network's own `Settings`; a ConfigError naming each bad key."""
     key = f"{role}_settings"
     try:
-        checked = TypeAdapter(network_class(model, role).Settings)  # by JSON's rules, as params.yaml is read
-        settings = checked.validate_json(json.dumps(getattr(model, key)))
+        return checked_settings(network_class(model, role), getattr(model, key))
     except ValidationError as error:
         raise ConfigError(
             "\n".join(
@@ -56,17 +54,22 @@ def own_settings(model: ModelConfig, role: str) -> dict:
                 for problem in error.errors()
             )
         ) from None
-    return dataclasses.asdict(settings)
 
 
-def check_networks(model: ModelConfig, image_size: int) -> dict[str, dict]:
-    """Each network's own settings (role -> checked settings); a ConfigError naming the key, before any data is
+def checked_settings(network: type, settings: dict):
+    """`settings` as `network`'s own Settings, by JSON's rules (as params.yaml and a payload are read)."""
+    return TypeAdapter(network.Settings).validate_json(json.dumps(settings))
+
+
+def check_networks(model: ModelConfig, image_size: int) -> dict[str, object]:
+    """Each network's own settings (role -> its checked Settings); a ConfigError naming the key, before any data is
     read, for a kind that does not exist, settings its `Settings` refuses, or an `image_size`
-    (preprocess.image_size) the generator's size rule refuses."""
+    (preprocess.image_size) a network's size rule refuses with its settings."""
     settings = {role: own_settings(model, role) for role in ROLES}
-    why_not = network_class(model, "generator").size_rule(image_size)
-    if why_not:
-        raise ConfigError(f"preprocess.image_size: {why_not} (model.generator: {model.generator})")
+    for role, own in settings.items():
+        why_not = network_class(model, role).size_rule(image_size, own)
+        if why_not:
+            raise ConfigError(f"preprocess.image_size: {why_not} (model.{role}: {getattr(model, role)})")
     return settings
 
 
@@ -76,23 +79,10 @@ def build_networks(
     """The generator model.generator names and the discriminator model.discriminator names, initialised in that
     order, for `image_size` squares: what training/module.Pix2Pix trains."""
     settings = check_networks(model, image_size)
-    generator = network_class(model, "generator")(
-        thermal_channels,
-        visible_channels,
-        image_size,
-        model.ngf,
-        model.norm,
-        model.dropout,
-        model.recompute,
-        **settings["generator"],
-    )
+    generator = network_class(model, "generator")(thermal_channels, visible_channels, image_size, settings["generator"])
+    generator.recompute = model.recompute
     discriminator = network_class(model, "discriminator")(
-        thermal_channels + visible_channels,
-        model.ndf,
-        model.norm,
-        image_size,
-        model.discriminator_scales,
-        **settings["discriminator"],
+        thermal_channels + visible_channels, image_size, settings["discriminator"]
     )
     return generator, discriminator
 
@@ -108,4 +98,5 @@ def build_generator(config: dict) -> nn.Module:
     kind = arguments.pop("generator")
     if kind not in GENERATORS:
         raise ValueError(f"generator {kind!r} is not one of {sorted(GENERATORS)}")
-    return GENERATORS[kind](**arguments, recompute=False)  # recompute saves training memory only
+    settings = checked_settings(GENERATORS[kind], arguments.pop("settings"))
+    return GENERATORS[kind](**arguments, settings=settings)

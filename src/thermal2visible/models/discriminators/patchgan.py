@@ -8,13 +8,33 @@ batch norm, RGB pair). Images under 32 px are too small for three stride-2 layer
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from thermal2visible.config.schema import SCHEMA
 from thermal2visible.models.discriminator import Discriminator
-from thermal2visible.models.generator import init_weights, make_norm
+from thermal2visible.models.generator import Norm, init_weights, make_norm
+
+SMALLEST_SCALE = 16  # px: the coarsest scale's side that still leaves a PatchGAN (patch_layers) a map to judge
+
+
+@dataclass(frozen=True, config=SCHEMA)
+class PatchSettings:
+    ndf: Annotated[int, Field(ge=1, description="width: channels of the first layer (paper: 64)")]
+    norm: Annotated[Norm, Field(description="the norm after each convolution but the first and the logits")]
+    scales: Annotated[
+        Literal[1, 2, 3],
+        Field(
+            description="1: the pix2pix PatchGAN | 2, 3: pix2pixHD's multi-scale PatchGAN, the same network (own "
+            "weights) also on 2x / 4x downsampled pairs, the GAN loss averaged over scales (pix2pixHD sums them: "
+            "docs/training.md says why the mean here)"
+        ),
+    ]
 
 
 def patch_layers(image_size: int) -> int:
@@ -83,10 +103,23 @@ class MultiScaleDiscriminator(Discriminator):
     """
 
     kind = "patchgan"  # model.discriminator
+    Settings = PatchSettings
+    example = PatchSettings(ndf=4, norm="batch", scales=1)
 
-    def __init__(self, in_channels: int, ndf: int, norm: str, image_size: int, scales: int):
-        super().__init__(in_channels, ndf, norm, image_size, scales)
-        finest, *coarser = scale_sides(image_size, scales)
+    @staticmethod
+    def size_rule(image_size: int, settings: PatchSettings) -> str | None:
+        coarsest = image_size >> (settings.scales - 1)
+        if coarsest < SMALLEST_SCALE:
+            return (
+                f"{image_size} px in {settings.scales} scales (discriminator_settings.scales) leaves the coarsest at "
+                f"{coarsest} px, under the {SMALLEST_SCALE} px a PatchGAN needs"
+            )
+        return None
+
+    def __init__(self, in_channels: int, image_size: int, settings: PatchSettings):
+        super().__init__(in_channels, image_size, settings)
+        ndf, norm = settings.ndf, settings.norm
+        finest, *coarser = scale_sides(image_size, settings.scales)
         self.layers = patch_gan(in_channels, ndf, norm, patch_layers(finest))
         self.coarser = nn.ModuleList(patch_gan(in_channels, ndf, norm, patch_layers(side)) for side in coarser)
         init_weights(self)

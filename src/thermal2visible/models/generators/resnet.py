@@ -8,8 +8,8 @@ not grow with the image: the network is the same at every image size. At 256 px,
 in/out it has 11,383,427 parameters (the public code's count, 11.378 M, is for instance norm without affine
 weights, which keeps the convolutions' biases instead: 11,378,179 here too).
 
-model.dropout is the public code's `use_dropout`: dropout between the two convolutions of every residual block
-(the public code's pix2pix turns it on at 0.5); 0 leaves it out.
+generator_settings.dropout is the public code's `use_dropout`: dropout between the two convolutions of every residual
+block (the public code's pix2pix turns it on at 0.5); 0 leaves it out.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from thermal2visible.models.generator import (
+    ConvSettings,
     LayoutIndependentDropout,
     Generator,
     init_weights,
@@ -48,17 +49,18 @@ class ResidualBlock(nn.Module):
 
 class ResnetGenerator(Generator):
     kind = "resnet"  # model.generator
+    Settings = ConvSettings  # dropout: inside every residual block
+    example = ConvSettings(ngf=4, norm="batch", dropout=0.5)
 
     @staticmethod
-    def size_rule(image_size: int) -> str | None:
+    def size_rule(image_size: int, settings: ConvSettings) -> str | None:
         if image_size < 16 or image_size % 4:
             return f"{image_size} must be a multiple of 4 >= 16 for the ResNet (it halves the image twice and back)"
         return None
 
-    def __init__(
-        self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
-    ):
-        super().__init__(in_channels, out_channels, image_size, ngf, norm, dropout, recompute)
+    def __init__(self, in_channels: int, out_channels: int, image_size: int, settings: ConvSettings):
+        super().__init__(in_channels, out_channels, image_size, settings)
+        ngf, norm, dropout = settings.ngf, settings.norm, settings.dropout
         bias = norm != "batch"  # batch norm has its own shift (as in the public code)
         stages = [
             nn.Sequential(

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from thermal2visible.models.generator import (
+    ConvSettings,
     LayoutIndependentDropout,
     dense_gradient,
     Generator,
@@ -26,17 +27,18 @@ DROPOUT_LEVELS = 3  # pix2pix: dropout in the three innermost decoder blocks (th
 
 class UNetGenerator(Generator):
     kind = "unet"  # model.generator
+    Settings = ConvSettings  # dropout: in the three innermost decoder blocks
+    example = ConvSettings(ngf=4, norm="batch", dropout=0.5)
 
     @staticmethod
-    def size_rule(image_size: int) -> str | None:
+    def size_rule(image_size: int, settings: ConvSettings) -> str | None:
         if image_size < 16 or image_size & (image_size - 1):
             return f"{image_size} must be a power of two >= 16 (the U-Net halves it down to 1)"
         return None
 
-    def __init__(
-        self, in_channels: int, out_channels: int, image_size: int, ngf: int, norm: str, dropout: float, recompute: bool
-    ):
-        super().__init__(in_channels, out_channels, image_size, ngf, norm, dropout, recompute)
+    def __init__(self, in_channels: int, out_channels: int, image_size: int, settings: ConvSettings):
+        super().__init__(in_channels, out_channels, image_size, settings)
+        ngf, norm, dropout = settings.ngf, settings.norm, settings.dropout
         levels = int(math.log2(image_size))
         # Batch norm has its own shift, so the convolutions before it need no bias (as in pix2pix).
         bias = norm != "batch"
