@@ -21,8 +21,8 @@ from figures import assert_drawn
 REPO = Path(__file__).resolve().parents[1]
 TINY_STUDY = (
     "preprocess.image_size=16",
-    "model.ngf=4",
-    "model.ndf=4",
+    "model.generator_settings.ngf=4",
+    "model.discriminator_settings.ndf=4",
     "train.max_epochs=2",
     "early_stop.window=1",
     "early_stop.patience=1",
@@ -96,8 +96,8 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
         assert run_stage_script(stage, tmp_path).returncode == 0
     tiny = (
         "preprocess.image_size=32",
-        "model.ngf=4",
-        "model.ndf=4",
+        "model.generator_settings.ngf=4",
+        "model.discriminator_settings.ndf=4",
         "early_stop.window=1",
         "early_stop.patience=2",
         "train.min_epochs=2",
@@ -152,7 +152,7 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
         params["train.max_minutes"] == "0.05" and params["train.seed"] == "3" for params in children.values()
     )
     assert children["quality: ResNet generator seed 3"]["model.generator"] == "resnet"
-    assert children["quality: multi-scale D seed 3"]["model.discriminator_scales"] == "2"
+    assert json.loads(children["quality: multi-scale D seed 3"]["model.discriminator_settings"])["scales"] == 2
     assert children["quality: feature matching seed 3"]["train.lambda_feat"] == "10.0"
     assert children["quality: default seed 3"]["model.generator"] == "unet"
 

@@ -28,7 +28,7 @@ TINY_TRAINING = (
     "train.lambda_l1=1000",
     "early_stop.window=5",
     "early_stop.patience=20",
-    "model.dropout=0.0",
+    "model.generator_settings.dropout=0.0",
     "train.image_log_every=40",
 )
 

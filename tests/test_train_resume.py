@@ -217,7 +217,7 @@ def test_a_run_whose_process_died_before_its_first_checkpoint_is_marked_killed(t
         pytest.param(("loader.num_workers=1", "loader.preload=false"), id="batches read by loader workers"),
         pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
         pytest.param(
-            ("model.generator=resnet", "model.discriminator_scales=2", "train.lambda_feat=10"),
+            ("model.generator=resnet", "model.discriminator_settings.scales=2", "train.lambda_feat=10"),
             id="ResNet generator, 2-scale D, feature matching",
         ),
     ],

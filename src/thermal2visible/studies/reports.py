@@ -34,7 +34,7 @@ SPEED_CONFIGS = {
 SPEED_EPOCHS = ("train.max_epochs=3", "train.min_epochs=3", "early_stop.window=1", "early_stop.patience=100")
 # pix2pixHD's own settings: two discriminator scales (its num_D), feature matching at lambda_feat 10
 QUALITY_CHANGES = {
-    "multi-scale D": ("model.discriminator_scales=2",),
+    "multi-scale D": ("model.discriminator_settings.scales=2",),
     "feature matching": ("train.lambda_feat=10",),
     "ResNet generator": ("model.generator=resnet",),
 }
