@@ -24,7 +24,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from thermal2visible.dev.servers import mlflow_server
 
-from thermal2visible.tracking.store import ensure_experiment, open_store
+from thermal2visible.tracking.store import ensure_experiment, open_store, store_lock
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -122,3 +122,12 @@ def test_two_training_runs_start_together_on_a_fresh_sqlite_store(tmp_path, tiny
         assert len(run.data.metrics) >= 8
         for key in run.data.metrics:
             assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3], key
+
+
+@pytest.mark.timeout(60)
+def test_the_holder_of_the_store_lock_opens_the_store_without_waiting_on_itself(tmp_path):
+    """The register stage registers under the lock and starts its run (which opens the store) inside it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with store_lock(uri):
+        ensure_experiment(open_store(uri), "inside")
+    assert open_store(uri).get_experiment_by_name("inside") is not None

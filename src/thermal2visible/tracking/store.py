@@ -65,6 +65,9 @@ def tracking_uri() -> str:
     return uri
 
 
+_HELD: set[str] = set()  # the store locks this process holds (flock would make a second open of one wait forever)
+
+
 @contextmanager
 def store_lock(uri: str) -> Iterator[None]:
     """Held while a process opens a local SQLite store, or registers a version in it: one process at a time.
@@ -76,12 +79,17 @@ def store_lock(uri: str) -> Iterator[None]:
     "UNIQUE constraint failed: registered_model_aliases"). A tracking server or PostgreSQL needs no lock to open,
     and takes registrations as they come.
     """
-    if not uri.startswith("sqlite:///"):
+    path = uri.removeprefix("sqlite:///").partition("?")[0] + ".lock"
+    if not uri.startswith("sqlite:///") or path in _HELD:  # a holder opening the store again never waits on itself
         yield
         return
-    with open(uri.removeprefix("sqlite:///").partition("?")[0] + ".lock", "a") as lock:
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        yield
+        _HELD.add(path)
+        try:
+            yield
+        finally:
+            _HELD.discard(path)
 
 
 def open_store(uri: str) -> MlflowClient:
