@@ -65,8 +65,9 @@ class CachedTestFrames:
     `trained_on` reads the training manifest packed with a model (inference.packing.pyfunc_arguments), so the gate
     can leave out the frames a champion trained on when the data changed."""
 
-    def __init__(self, cache: Path, max_pixels: int, max_model_pixels: int, max_run_seconds: float):
+    def __init__(self, cache: Path, experiment: str, max_pixels: int, max_model_pixels: int, max_run_seconds: float):
         self.scratch = tempfile.TemporaryDirectory()  # the downloaded versions, removed with this object
+        self.experiment = experiment  # a version from elsewhere is refused before it is scored (registered.py)
         self.limits = (max_pixels, max_model_pixels, max_run_seconds)
         tests = [source for source in load_manifest(cache)["sources"] if source["split"] == "test"]
         if not tests:
@@ -78,7 +79,7 @@ class CachedTestFrames:
         if model_uri not in self.models:
             try:  # as data: the version's ONNX file and manifest, run by the installed code (none of its own)
                 scratch = Path(self.scratch.name) / str(len(self.models))
-                self.models[model_uri] = load_registered(model_uri, scratch, *self.limits)
+                self.models[model_uri] = load_registered(model_uri, self.experiment, scratch, *self.limits)
             except RunTimeLimit as error:  # a graph that loops, stopped on its first run: refused before any move
                 raise PipelineError(f"{error}; refused, nothing was moved") from None
             except MlflowException:  # e.g. files behind a tracking server, asked for straight from its database
@@ -190,7 +191,11 @@ def register_new(
             limits=ServedLimits.of(params.serve),
             training_manifest=trained_manifest(CACHE, settings.data_hash),
             frames=CachedTestFrames(
-                CACHE, params.serve.max_pixels, params.serve.max_model_pixels, params.serve.max_run_seconds
+                CACHE,
+                params.mlflow.experiment,
+                params.serve.max_pixels,
+                params.serve.max_model_pixels,
+                params.serve.max_run_seconds,
             ),
         )
     gate = result.gate

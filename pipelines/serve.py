@@ -16,14 +16,17 @@ import argparse
 
 from thermal2visible.cli import run_stage
 from thermal2visible.config.schema import Params
+from thermal2visible.inference.registered import trusted_model_uri
 from thermal2visible.inference.registry import CHAMPION, registered_model_name
 from thermal2visible.inference.rest import serve
 
 
 def main(params: Params, args: argparse.Namespace) -> None:
     model = args.model or f"models:/{registered_model_name(params)}@{CHAMPION}"
-    print(f"serving {model} on http://{params.serve.host}:{params.serve.port}/invocations", flush=True)
-    serve(model, params.serve)
+    # MLflow's loader runs the version's own code: on a team server only a version of the project's experiment
+    pinned = trusted_model_uri(model, params.mlflow.experiment)
+    print(f"serving {pinned} on http://{params.serve.host}:{params.serve.port}/invocations", flush=True)
+    serve(pinned, params.serve)
 
 
 if __name__ == "__main__":

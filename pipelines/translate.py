@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pandas as pd
 from mlflow.exceptions import MlflowException
@@ -40,16 +41,17 @@ from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
 
 
 def load_model(
-    model: str, max_pixels: int, max_model_pixels: int, max_run_seconds: float, scratch: Path
+    model: str, experiment: str | None, max_pixels: int, max_model_pixels: int, max_run_seconds: float, scratch: Path
 ) -> ThermalToVisible:
     """The installed serving code around a .onnx file, or around the ONNX file of a registered model, fetched as
-    data (inference.registered): no code from the registry runs here."""
+    data (inference.registered) once it is trusted as coming from `experiment`: no code from the registry runs
+    here."""
     if model.endswith(".onnx"):
         if not Path(model).is_file():
             raise PipelineError(f"{model}: no such ONNX file")
         return model_of_files({"onnx": model}, max_pixels, max_model_pixels, max_run_seconds)
     try:
-        return load_registered(model, scratch, max_pixels, max_model_pixels, max_run_seconds)
+        return load_registered(model, experiment, scratch, max_pixels, max_model_pixels, max_run_seconds)
     except MlflowException as error:
         raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
 
@@ -137,26 +139,36 @@ def main() -> None:
         help="longest one run of the model may take before the model is refused "
         "(default: params.yaml serve.max_run_seconds)",
     )
+    parser.add_argument(
+        "--experiment",
+        help="the project's MLflow experiment: on a team server, a registered model is loaded only if its version "
+        "comes from it (docs/team.md; default: params.yaml mlflow.experiment)",
+    )
     args = parser.parse_args()
     limits = ("max_pixels", "max_model_pixels", "max_run_seconds")
-    if any(getattr(args, limit) is None for limit in limits):
+    # a file or folder here needs no experiment: only what comes from a store is checked against it
+    needs_experiment = args.experiment is None and urlparse(args.model).scheme not in ("", "file")
+    if needs_experiment or any(getattr(args, limit) is None for limit in limits):
         try:
-            serve = load_params().serve
+            params = load_params()
         except ConfigError as error:
             sys.exit(
-                f"error: {error} (run from the project folder, or give --max-pixels, --max-model-pixels and "
-                "--max-run-seconds)"
+                f"error: {error} (run from the project folder, or give --max-pixels, --max-model-pixels, "
+                "--max-run-seconds and, for a registered model, --experiment)"
             )
         for limit in limits:
             if getattr(args, limit) is None:
-                setattr(args, limit, getattr(serve, limit))
+                setattr(args, limit, getattr(params.serve, limit))
+        args.experiment = args.experiment or params.mlflow.experiment
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     video = args.input.suffix.lower() in VIDEO_SUFFIXES
     try:
         refuse_overlap(args.input, args.output)  # before anything is loaded or written
         images = [] if video else find_images(args.input)
         with tempfile.TemporaryDirectory() as scratch:
-            model = load_model(args.model, args.max_pixels, args.max_model_pixels, args.max_run_seconds, Path(scratch))
+            model = load_model(
+                args.model, args.experiment, args.max_pixels, args.max_model_pixels, args.max_run_seconds, Path(scratch)
+            )
             if video:
                 frames = translate_video(model, args.input, args.output)
                 print(f"translated {frames} frames of {args.input} into {args.output}")

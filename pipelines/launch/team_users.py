@@ -9,6 +9,11 @@ data.source) are created when missing. Each --read user gets READ on both: runs,
 loading and serving a version. Each --manage user gets MANAGE: logging runs, registering versions, moving aliases,
 deleting. A user the server does not know yet is created with a random password, printed here once; a user it
 knows keeps their password and gets the level named here.
+
+Run it for each dataset (--set data.source=...) before anyone registers one: MLflow lets any user create a
+registered model name nobody created yet and makes them its MANAGE. A model that existed already may hold such a
+user's versions: each version the trust rule refuses (inference.registered, which `make serve`, translate.py and
+register apply) is listed, for the admin to delete.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from mlflow.exceptions import MlflowException
 from thermal2visible.cli import run_stage
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import ConfigError
+from thermal2visible.inference.registered import version_refusal
 from thermal2visible.inference.registry import ensure_registered_model, registered_model_name
 from thermal2visible.tracking.store import ensure_experiment, tracking_uri
 
@@ -48,6 +54,10 @@ def main(params: Params, args: argparse.Namespace) -> None:
     experiment = client.get_experiment_by_name(params.mlflow.experiment).experiment_id
     model = registered_model_name(params)
     ensure_registered_model(client, model)
+    for version in client.search_model_versions(f"name = '{model}'"):
+        refusal = version_refusal(client, version, params.mlflow.experiment)
+        if refusal is not None:
+            print(f"untrusted: registered model {model} version {version.version} {refusal}; delete it")
     for permission, users in (("READ", args.read), ("MANAGE", args.manage)):
         for user in users:
             try:
