@@ -313,7 +313,11 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
     (project / "data").mkdir(parents=True)
     (project / "data" / "cache").symlink_to(tiny_cache)
     write_params(
-        project, "model.generator=resnet", "model.discriminator_settings.scales=2", "train.lambda_feat=10", "early_stop.window=1"
+        project,
+        "model.generator=resnet",
+        "model.discriminator_settings.scales=2",
+        "train.lambda_feat=10",
+        "early_stop.window=1",
     )
     for stage in ("train.py", "export.py"):
         done = run_script(stage, project)
