@@ -36,4 +36,5 @@ if __name__ == "__main__":
         arguments=lambda parser: parser.add_argument(
             "--model", help="MLflow model URI (default: the champion of the data's registered model)"
         ),
+        grant="READ",  # serving only reads the registry
     )

@@ -103,9 +103,16 @@ def test_team_server_with_logins(tmp_path, tiny_cache, write_params):
         done = run_script(project, as_user(uri, *admin), "launch/team_users.py", "--read", "anna")
         assert done.returncode == 0 and "created user" not in done.stdout and "anna: READ" in done.stdout, done.stderr
 
-        # The reader cannot register (the stage's first write is refused, nothing is added) ...
+        # The reader cannot register (the stage's first write is refused, in one line naming the grant to ask for,
+        # nothing is added) ...
         done = run_script(project, as_user(uri, *reader), "register.py")
-        assert done.returncode == 1 and "runs/create failed with error code 403" in done.stderr, done.stdout
+        *_, refusal = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert refusal.startswith(f"error: the MLflow server {uri} refused anna /api/2.0/mlflow/runs/create (403)")
+        assert refusal.endswith(
+            "python pipelines/launch/team_users.py --manage anna --set data.source=data/raw "
+            "--set synthesize.scene=portrait (docs/team.md)"
+        ), refusal
         assert not version_exists(uri, "1", admin)
         # ... the maintainer can, through the pipeline's register stage.
         done = run_script(project, as_user(uri, *maintainer), "register.py")
@@ -149,6 +156,15 @@ def test_team_server_with_logins(tmp_path, tiny_cache, write_params):
         assert requests.post(f"{uri}{API}/registered-models/alias", json=back, auth=maintainer).status_code == 200
         assert requests.delete(f"{uri}{API}/model-versions/delete", json=deletion, auth=maintainer).status_code == 200
         assert not version_exists(uri, "2", admin) and champion(uri, admin) == "1"
+
+        # A model the reader was granted nothing on: serving it is refused, naming the READ grant.
+        done = run_script(project, as_user(uri, *reader), "serve.py", "--set", "register.model_name=other")
+        *_, refusal = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert (
+            "--read anna --set data.source=data/raw --set synthesize.scene=portrait --set register.model_name=other"
+            in refusal
+        )
 
         # The reader serves the champion (`make serve`): its files come through the server with the reader's login.
         port = free_port()
