@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import warnings
 
 import mlflow.server
 from mlflow import MlflowClient
@@ -48,7 +49,12 @@ def main(params: Params, args: argparse.Namespace) -> None:
     uri = tracking_uri()
     if not uri.startswith(("http://", "https://")):
         raise ConfigError(f"MLFLOW_TRACKING_URI: {uri} is no tracking server; users live on `mlflow server`")
-    auth = mlflow.server.get_app_client("basic-auth", tracking_uri=uri)
+    # The auth client imports MLflow's FastAPI app, which mounts Flask through starlette.middleware.wsgi, and
+    # Starlette warns on that import (a StarletteDeprecationWarning, a UserWarning, so always printed): MLflow's to
+    # change, nothing the admin running this script can act on.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"starlette\.middleware\.wsgi is deprecated")
+        auth = mlflow.server.get_app_client("basic-auth", tracking_uri=uri)
     client = MlflowClient(uri)
     ensure_experiment(client, params.mlflow.experiment)
     experiment = client.get_experiment_by_name(params.mlflow.experiment).experiment_id
