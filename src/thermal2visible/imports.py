@@ -71,6 +71,21 @@ def _imported_modules(path: Path) -> set[str]:
     return {name for name in _all_imports(path) if name.split(".")[0] == PACKAGE.name}
 
 
+def part_imports() -> set[tuple[str, str]]:
+    """(importer, imported) for each two parts of the package (its top-level modules and subpackages, by name) where a
+    file of the first imports the second: the package's architecture as its code has it."""
+
+    def part(path: Path) -> str:
+        return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+    return {
+        (part(path), name.split(".")[1])
+        for path in PACKAGE.rglob("*.py")
+        for name in _imported_modules(path)
+        if "." in name and name.split(".")[1] != part(path)
+    }
+
+
 def import_closure(script: Path) -> set[Path]:
     """`script` and the package files it needs, as absolute paths."""
     seen, todo = set(), [script.resolve()]

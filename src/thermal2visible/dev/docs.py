@@ -1,7 +1,8 @@
 """The parts of the docs that the project's files already say, written from them: docs/pipeline.md's stage diagram
 and table from dvc.yaml (each stage's `desc`, script, params and what it writes, and the edges from one stage's
-outputs to another's deps), and README.md's table of the package's modules from their docstrings. After adding or
-changing a stage or a module:
+outputs to another's deps), README.md's table of the package's modules from their docstrings, and
+docs/contributing.md's diagram of the package's parts from their imports. After adding or changing a stage or a
+module:
 
     python -m thermal2visible.dev.docs          # rewrites the parts between their markers
     python -m thermal2visible.dev.docs --check  # exits 1 when a part differs from what it is written from"""
@@ -17,7 +18,7 @@ from pathlib import Path
 from dvc.dvcfile import load_file
 from dvc.repo import Repo
 
-from thermal2visible.imports import PACKAGE
+from thermal2visible.imports import PACKAGE, part_imports
 
 ROOT = PACKAGE.parents[1]
 DOC = Path("docs/pipeline.md")
@@ -27,6 +28,9 @@ README = Path("README.md")
 PACKAGES_BEGIN = "<!-- modules: written by `python -m thermal2visible.dev.docs` from their docstrings -->"
 PACKAGES_END = "<!-- /modules -->"
 WRITES = ("outs", "metrics", "plots")
+CONTRIBUTING = Path("docs/contributing.md")
+PARTS_BEGIN = "<!-- packages: written by `python -m thermal2visible.dev.docs` from the imports -->"
+PARTS_END = "<!-- /packages -->"
 
 
 def paths(entries: list) -> list[str]:
@@ -81,6 +85,12 @@ def modules_table(package: Path) -> str:
     return "\n".join([PACKAGES_BEGIN, "| module | what |", "|---|---|", *rows, PACKAGES_END])
 
 
+def parts_diagram(edges: set[tuple[str, str]]) -> str:
+    """A mermaid flowchart: an arrow from each part of the package to each part it imports."""
+    arrows = [f"  {importer} --> {imported}" for importer, imported in sorted(edges)]
+    return "\n".join([PARTS_BEGIN, "```mermaid", "flowchart TD", *arrows, "```", PARTS_END])
+
+
 def between(text: str, begin: str, end: str, written: str) -> str:
     """`text` with what lies from `begin` to `end` (both markers included) replaced by `written`."""
     before, rest = text.split(begin, 1)
@@ -104,6 +114,7 @@ def main() -> None:
     written = {
         DOC: derived((ROOT / DOC).read_text(), resolved_stages(ROOT)),
         README: between((ROOT / README).read_text(), PACKAGES_BEGIN, PACKAGES_END, modules_table(PACKAGE)),
+        CONTRIBUTING: between((ROOT / CONTRIBUTING).read_text(), PARTS_BEGIN, PARTS_END, parts_diagram(part_imports())),
     }
     stale = [name for name, text in written.items() if text != (ROOT / name).read_text()]
     if args.check:
