@@ -305,13 +305,13 @@ def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> 
             "deeply nested JSON (500 levels)",
             ('{"inputs": {"image": ' + "[" * 500 + "]" * 500 + "}}").encode(),
             400,
-            "request JSON nests 502 levels deep",
+            "refused while reading",  # the HTTP edge counts its brackets as values before any parser runs
         ),
         BadRequest(
             f"deeply nested JSON ({deep} levels)",
             ('{"inputs": {"image": ' + "[" * deep + "]" * deep + "}}").encode(),
             400,
-            f"request JSON nests {deep + 2} levels deep",
+            "refused while reading",
         ),
         BadRequest("JSON not UTF-8", b'{"inputs": {"image": ["\xff\xfe"]}}', 400, "valid JSON"),
         BadRequest("top-level JSON list", json.dumps([frame]).encode(), 400, "Received a list"),
@@ -322,7 +322,7 @@ def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> 
             "valid JSON",
         ),
         BadRequest(
-            "wrong content type", b"hello", 415, "only supports the following content types", content_type="text/plain"
+            "wrong content type", b"hello", 415, "content type must be application/json", content_type="text/plain"
         ),
         BadRequest(
             "charset not UTF-8",
@@ -331,7 +331,7 @@ def bad_requests(max_pixels: int, max_encoded: int, model_channels: int = 1) -> 
             "only supports UTF-8",
             content_type="application/json; charset=latin-1",
         ),
-        BadRequest("CSV with a bad row", b"image\n%%%\n", 400, "row 0: not valid base64", content_type="text/csv"),
+        BadRequest("CSV body", b"image\n%%%\n", 415, "content type must be application/json", content_type="text/csv"),
         BadRequest("16-bit PNG of odd size (valid)", {"inputs": {IMAGE: [_b64(png(thermal16(23, 37)))]}}, 200, ""),
     ]
 

@@ -19,10 +19,9 @@ from corpus import bad_requests, write_bad_files, write_bad_videos
 from mlflow import MlflowClient
 from thermal2visible.paths import MANIFEST
 from thermal2visible.dev.servers import mlflow_server, model_server
-from shipped import shipped
-from tiny_model import export_tiny
+from shipped import SHIPPED, shipped
+from tiny_model import export_tiny, register_tiny
 
-from thermal2visible.inference.registry import register
 from thermal2visible.inference.serving import ServedLimits, max_encoded_length
 
 pytestmark = pytest.mark.slow
@@ -81,10 +80,9 @@ def served(tmp_path_factory, tiny_cache):
         model = export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-            register(
+            register_tiny(
                 model,
                 name="corpus",
-                experiment="corpus",
                 test_psnr=20.0,
                 parity_passed=True,
                 metrics={},
@@ -98,7 +96,7 @@ def served(tmp_path_factory, tiny_cache):
 
 def registry_state(client: MlflowClient) -> tuple:
     versions = client.search_model_versions("name='corpus'")
-    runs = client.search_runs([client.get_experiment_by_name("corpus").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name(SHIPPED.mlflow.experiment).experiment_id])
     return sorted(int(v.version) for v in versions), client.get_registered_model("corpus").aliases, len(runs)
 
 

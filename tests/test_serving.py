@@ -24,11 +24,10 @@ from PIL import Image
 from shipped import SHIPPED_TEXT, shipped
 from thermal2visible.dev.servers import free_port, model_server, quiet_env, running
 from conftest import run_script
-from tiny_model import export_tiny
+from tiny_model import export_tiny, register_tiny
 
 from thermal2visible.data.images import read_image
 from thermal2visible.paths import MANIFEST
-from thermal2visible.inference.registry import register
 from thermal2visible.imports import PACKAGE
 from thermal2visible.inference.serving import IMAGE, ServedLimits, png_bytes, to_base64
 from thermal2visible.inference.packing import packed_files, pyfunc_arguments
@@ -77,10 +76,9 @@ def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFu
     model = export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-        register(
+        register_tiny(
             model,
             name="served",
-            experiment="serving-tests",
             test_psnr=20.0,
             parity_passed=True,
             metrics={},

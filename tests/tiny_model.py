@@ -10,11 +10,15 @@ import json
 import shutil
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import torch
 
+from shipped import SHIPPED
+
 from thermal2visible.paths import EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, PSNR_CSV, PSNR_CURVE, TRAIN_METRICS
 from thermal2visible.inference.export import cache_to_model_input, export_generator
+from thermal2visible.inference.registry import Registered, register
 from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
 from thermal2visible.tracking.figures import save_psnr_curve
@@ -71,3 +75,11 @@ def write_stage_record(project: Path, models: Path, test_psnr: float, parity_err
     save_psnr_curve(project / PSNR_CURVE, [10.0], [10.0], 1, 1, 1)
     (project / EVAL_METRICS).write_text(json.dumps({"generator": {"psnr": test_psnr}, GENERATOR_DIGEST: digest}))
     (project / EXPORT_METRICS).write_text(json.dumps({"parity_max_abs_error": parity_error, GENERATOR_DIGEST: digest}))
+
+
+def register_tiny(model: Path, **arguments) -> Registered:
+    """`register` in a `register` run of the project's experiment (params.yaml's mlflow.experiment), as the register
+    stage calls it: on a tracking server, serving trusts only versions whose run lies there (inference.registered)."""
+    mlflow.set_experiment(SHIPPED.mlflow.experiment)
+    with mlflow.start_run(run_name="register"):
+        return register(model, **arguments)
