@@ -28,7 +28,7 @@ from shipped import shipped
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-GLOBAL_BATCH, STEPS, SIZE = 8, 2, 16
+GLOBAL_BATCH, STEPS, SIZE = 8, 2, 32  # 32: a 2-scale PatchGAN needs its coarsest scale >= 16 px
 # No norm and no dropout: nothing in a sample's gradient depends on which process holds it. (Instance norm would
 # do too, but it leaves the biases before it with zero gradient, whose rounding noise Adam blows up to +-lr.)
 TINY = shipped(
