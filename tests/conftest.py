@@ -23,7 +23,7 @@ from thermal2visible.config.schema import Params  # noqa: E402
 from thermal2visible.dev.servers import quiet_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-# and one thread: tests compare weights bit for bit, and train.threads: auto counts threads by what else runs here
+# and one thread: tests compare weights bit for bit, on machines of any core count
 TINY = (*preset_overrides(REPO / "params" / "tiny.yaml"), "train.threads=1")
 
 

@@ -273,8 +273,7 @@ def run_only_changes() -> list[str]:
     for section in ("loader", "model", "train"):
         for key, defines_weights in marked(section, "weights").items():
             value = getattr(getattr(shipped_params, section), key)
-            # threads: another count rounds otherwise (docs/training.md#threads), a tolerance rather than bit for bit
-            if defines_weights or key in ("resume", "threads"):
+            if defines_weights or key == "resume":
                 continue
             if key == "accelerator":
                 changes.append("train.accelerator=cpu")

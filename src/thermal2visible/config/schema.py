@@ -168,8 +168,8 @@ class TrainConfig:
     small_convs_as_matmul: Annotated[int, Field(ge=0)] = defines_weights()  # 0: off; matmuls round differently
     fused_adam: bool = defines_weights()  # fused and foreach Adam round differently
     keep_freed_memory: bool = run_setting()
-    # rounds otherwise at another count, yet run-only: like the cores a machine gives, a speed setting (threads.py)
-    threads: Literal["auto"] | Annotated[int, Field(ge=1)] = run_setting()
+    # another count rounds otherwise (threads.py): "cores" and N are fixed counts; "auto" follows the load
+    threads: Literal["cores", "auto"] | Annotated[int, Field(ge=1)] = defines_weights(before="cores")
     resume: Literal["auto", "never"] = run_setting()
     deterministic: bool = run_setting()
     max_bad_steps: int = run_setting()

@@ -1,13 +1,13 @@
-"""A training's intra-op threads follow the cores that other processes leave free (train.threads: auto), or stay at
-a fixed count (N).
+"""A training's intra-op threads: a thread per usable core (train.threads: cores), a fixed count (N), or the cores that
+other processes leave free (auto).
 
 torch's CPU thread pool (OpenMP) splits every operation among its threads and waits for all of them. A thread whose
 core another process is busy on gets part of that core's time only, and every operation waits for it: beside one
 pure-Python loop the demo's training took x8.55 its time alone, where losing one core of two should cost at most x2.
 With one thread fewer the run computes on the cores that are free.
 
-`auto` starts with a thread per usable core, as before, so a run on an idle machine computes as it always did. While
-a single-process CPU run steps, it counts the CPU time that every other process spends on the cores it may use:
+`cores` keeps a thread per usable core, as before. `auto` starts so and, while a single-process CPU run steps, it
+counts the CPU time that every other process spends on the cores it may use:
 /proc/stat's busy time of those cores less this process's own (/proc/self/stat), over its steps only. A training that
 takes turns with this one (shared_cores.TakeTurns) waits while this one steps, so it does not count. Every WINDOW_S
 seconds of steps the free cores decide the count; it moves only when they are HYSTERESIS or more away from it, so a
@@ -16,7 +16,7 @@ neighbour near half a core does not make it flap. DDP processes keep their share
 The count shows in the epoch line (progress.EpochLine), each change in a line of its own and in the run's tags
 `threads` (the count in use) and `thread_changes`. Threads round otherwise: a reduction split over two threads adds
 in another order than over one (docs/training.md#threads), so a count that changes mid-run trains weights that differ
-from an idle run's at rounding level; `N` gives the same weights whatever else runs.
+from an idle run's at rounding level: `cores` (the default) and `N` give the same weights whatever else runs.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class FreeCoreThreads(Callback):
         # caller (a benchmark) may have asked for fewer
         self.usable = min(self.before, usable_cores())
         on_own_cpu = trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu"
-        if self.setting != "auto":
+        if isinstance(self.setting, int):
             torch.set_num_threads(self.setting)
         elif on_own_cpu:
             torch.set_num_threads(self.usable)
