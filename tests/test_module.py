@@ -15,14 +15,18 @@ from torch.utils.data import DataLoader
 
 from thermal2visible.errors import ConfigError
 from thermal2visible.config.schema import SECTIONS, ModelConfig, TrainConfig
-from thermal2visible.config.stored import added_later, marked, weight_defining
+from thermal2visible.config.stored import marked
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.models.discriminators.patchgan import MultiScaleDiscriminator, PatchDiscriminator, patch_layers
+from thermal2visible.models.discriminators.patchgan import (
+    MultiScaleDiscriminator,
+    PatchDiscriminator,
+    PatchSettings,
+    patch_layers,
+)
 from thermal2visible.training.losses import adversarial_loss, feature_matching, gan_loss
 from thermal2visible.training.module import Pix2Pix, TrainingDiverged, linear_decay, scaled_lr
 from thermal2visible.models.networks import build_networks
-from thermal2visible.training import resume
 from thermal2visible.training.resume import run_fingerprint
 from thermal2visible.training import precision as precision_module
 from thermal2visible.training.precision import OncePerIterationScaler, RunDevice, resolve_precision, run_device
@@ -125,7 +129,7 @@ def test_feature_matching_uses_pix2pixhd_weights():
 
 @pytest.mark.parametrize("scales", [1, 2, 3])
 def test_feature_matching_is_zero_exactly_on_identical_pairs(scales):
-    discriminator = MultiScaleDiscriminator(4, 4, "batch", 64, scales)
+    discriminator = MultiScaleDiscriminator(4, 64, PatchSettings(ndf=4, norm="batch", scales=scales))
     thermal = torch.rand(2, 1, 64, 64)
     real = (torch.rand(2, 3, 64, 64) * 2 - 1).requires_grad_()
     fake = (real.detach() + 0.1 * torch.randn_like(real)).requires_grad_()
@@ -663,23 +667,6 @@ def test_run_fingerprint_changes_with_what_defines_the_weights_and_nothing_else(
             object.__setattr__(other, section, changed(getattr(base, section), key))
             assert (run_fingerprint(other, "data-md5") != same) == weights, key
     assert run_fingerprint(base, "other-data") != same and run_fingerprint(base, "data-md5", "recognizer") != same
-
-
-def test_keys_added_later_keep_the_fingerprint_of_runs_from_before_them(monkeypatch):
-    """At the value every run had before the key existed, a new weight-defining key leaves the fingerprint as it
-    was, so a run begun before the upgrade continues from its last.ckpt."""
-    base = SHIPPED
-    now = run_fingerprint(base, "data-md5")
-    before = {
-        section: tuple(key for key in keys if (section, key) not in added_later())
-        for section, keys in weight_defining().items()
-    }
-    for (section, key), value in added_later().items():
-        assert getattr(getattr(base, section), key) == value, f"{section}.{key}"
-        assert key in weight_defining()[section]
-    monkeypatch.setattr(resume, "weight_defining", lambda: before)
-    monkeypatch.setattr(resume, "added_later", lambda: {})
-    assert run_fingerprint(base, "data-md5") == now
 
 
 def test_run_fingerprint_hashes_what_precision_auto_means_on_the_machine(monkeypatch):

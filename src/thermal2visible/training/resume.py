@@ -57,7 +57,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from thermal2visible.config.schema import Params
 
-from thermal2visible.config.stored import added_later, weight_defining
+from thermal2visible.config.stored import weight_defining
 from thermal2visible.errors import PipelineError
 from thermal2visible.imports import PACKAGE, code_digest
 from thermal2visible.models.payloads import atomic_save
@@ -98,9 +98,6 @@ def run_fingerprint(
     # `auto` is hashed as what it means on this machine: a checkpoint carried to a machine where it means another
     # precision (bf16-mixed with bf16 instructions, 32-true without, 16-mixed on a GPU) starts afresh.
     defining["train"]["precision"] = (device or run_device(params.train)).precision
-    for (section, key), before in added_later().items():
-        if defining[section][key] == before:
-            del defining[section][key]
     defining |= {"data": data_hash, "recognizer": recognizer_hash, "code": training_code()}
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
 
