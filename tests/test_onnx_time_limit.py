@@ -18,7 +18,7 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 from onnx import TensorProto, helper
-from shipped import SHIPPED_FROM, shipped
+from shipped import SHIPPED, SHIPPED_FROM, shipped
 from tiny_model import export_tiny, write_stage_record
 
 from thermal2visible.errors import PipelineError
@@ -137,7 +137,7 @@ def test_a_looping_champion_is_refused_by_translate_and_the_gate_within_its_limi
     """A version whose graph loops before the network, made champion: translate.py and the register stage's gate
     refuse it by name within serve.max_run_seconds, and the champion stays where it was."""
     mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_experiment("time-limit-tests")
+    mlflow.set_experiment(SHIPPED.mlflow.experiment)  # where serving on a tracking server trusts a run
     with mlflow.start_run():  # MLflow loads the model to check its input example: within the limit too
         with pyfunc_arguments(
             looping_export, ServedLimits.of(shipped("serve", max_run_seconds=LIMIT)), tiny_cache / MANIFEST
