@@ -68,7 +68,8 @@ def test_a_parked_checkpoint_whose_stamp_is_another_runs_is_not_continued(tmp_pa
 
 
 def test_a_stamps_run_is_continued_only_where_it_trained_that_fingerprint(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # the default store: ./mlflow.db
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")  # in this folder, whatever a test before set
     client = MlflowClient("sqlite:///mlflow.db")
     experiment = client.create_experiment("stamps")
     ours = client.create_run(experiment, tags={"fingerprint": A}).info.run_id
