@@ -144,7 +144,11 @@ def main(params: Params, args: argparse.Namespace) -> None:
             return [
                 adopt(
                     trained_run(
-                        shown[experiment]["metrics"][str(TRAIN_METRICS)]["data"], name, settings[name], experiment
+                        shown[experiment]["metrics"][str(TRAIN_METRICS)]["data"],
+                        name,
+                        settings[name],
+                        {"dvc_experiment": experiment},
+                        experiment,
                     )
                 )
                 for name, experiment in experiments.items()

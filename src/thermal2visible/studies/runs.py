@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import statistics
 
-from mlflow import MlflowClient
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.tracking.store import tracking_uri, training_run_id
+from thermal2visible.tracking.store import newest_run, open_store, tracking_uri
 
 
-def trained_run(summary: dict, name: str, overrides: list[str], dvc_experiment: str | None = None) -> dict:
+def trained_run(
+    summary: dict, name: str, overrides: list[str], found_by: dict[str, str], dvc_experiment: str | None = None
+) -> dict:
     """The study's record of the run that trained `summary` (a metrics/train.json, of DVC experiment
-    `dvc_experiment` where it ran as one): found by its fingerprint."""
-    run_id = training_run_id(summary.get("fingerprint"))
+    `dvc_experiment` where it ran as one): the newest train run carrying the tags `found_by`."""
+    client = open_store(tracking_uri())
+    run_id = newest_run(client, "train", found_by)
     if run_id is None:
-        raise PipelineError(
-            f"{name}: no MLflow train run with fingerprint {summary.get('fingerprint')} in {tracking_uri()}"
-        )
-    client = MlflowClient(tracking_uri())
+        raise PipelineError(f"{name}: no MLflow train run tagged {found_by} in {tracking_uri()}")
     info = client.get_run(run_id).info
     psnr = {m.step: m for m in client.get_metric_history(run_id, "val_psnr")}
     smoothed = {m.step: m.value for m in client.get_metric_history(run_id, "val_psnr_smoothed")}

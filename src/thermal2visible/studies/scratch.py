@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.paths import CACHE, EVAL_METRICS, INDEX, PIPELINES, RECOGNIZER, TRAIN_METRICS
+from thermal2visible.paths import CACHE, EVAL_METRICS, GENERATOR, INDEX, PIPELINES, RECOGNIZER, TRAIN_METRICS
 from thermal2visible.studies.runs import trained_run
-from thermal2visible.tracking.store import tracking_uri
+from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest, tracking_uri
 
 
 def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:
@@ -73,7 +73,8 @@ def train_child(work: Path, name: str, cache: Path, params: Path, overrides: lis
     (project / RECOGNIZER).parent.mkdir()
     (project / RECOGNIZER).symlink_to((base_project(work) / RECOGNIZER).resolve())
     run_script("train.py", project, params, overrides)
-    return trained_run(json.loads((project / TRAIN_METRICS).read_text()), name, overrides)
+    trained = {GENERATOR_DIGEST: file_digest(project / GENERATOR)}  # the run that wrote this generator
+    return trained_run(json.loads((project / TRAIN_METRICS).read_text()), name, overrides, trained)
 
 
 def evaluate_child(work: Path, name: str, params: Path, overrides: list[str]) -> dict:
