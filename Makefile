@@ -44,11 +44,14 @@ ui: setup  # `make ui PORT=5050` for another port
 screenshots: setup
 	$(PY) -m thermal2visible.dev.ui
 
+# One test process per core (pytest-xdist): most tests wait on a subprocess's imports or a server, and each test
+# module stays on one process, so its module-wide fixtures are built once.
+PARALLEL := -n auto --dist loadscope
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(PARALLEL)
 
 test-fast: setup  # the inner loop: no multi-process, end-to-end or server tests
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(PARALLEL) -m "not slow"
 
 lint: setup  # what CI runs: the rules, and the format (`make format` applies it)
 	$(VENV)/bin/ruff check .

@@ -60,25 +60,40 @@ PEAKS = {
     "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
 }
 PLAIN = "plain pix2pix step (fp32, TF32 off)"
-# name -> (Lightning precision, TF32, channels_last, GPU-resident cache, compile); arithmetic is the peak's key.
-STEPS = {
-    "32-true, TF32 off": ("32-true", False, False, True, False),
-    "32-true, TF32 on": ("32-true", True, False, True, False),
-    "16-mixed": ("16-mixed", None, False, True, False),
-    "bf16-mixed": ("bf16-mixed", None, False, True, False),
-    "32-true, TF32 off, channels_last": ("32-true", False, True, True, False),
-    "32-true, TF32 on, channels_last": ("32-true", True, True, True, False),
-    "16-mixed, channels_last": ("16-mixed", None, True, True, False),
-    "bf16-mixed, channels_last": ("bf16-mixed", None, True, True, False),
-    "16-mixed, channels_last, read per batch": ("16-mixed", None, True, False, False),
-    "bf16-mixed, channels_last, read per batch": ("bf16-mixed", None, True, False, False),
-    "16-mixed, channels_last, compiled": ("16-mixed", None, True, True, True),
-    "bf16-mixed, channels_last, compiled": ("bf16-mixed", None, True, True, True),
-}
 
 
-def arithmetic(precision: str, tf32: bool | None) -> str:
-    return {"16-mixed": "fp16", "bf16-mixed": "bf16"}.get(precision, "tf32" if tf32 else "fp32")
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+    """One configuration of the project's step; its name lists every choice, so the table's rows explain themselves."""
+
+    precision: str  # Lightning's
+    tf32: bool | None = None  # 32-true only: mixed precisions do not use TF32 for their half-precision matmuls
+    channels_last: bool = False
+    resident: bool = True  # the cache held on the GPU, not read per batch
+    compiled: bool = False
+
+    @property
+    def name(self) -> str:
+        choices = [self.precision]
+        choices += [] if self.tf32 is None else [f"TF32 {'on' if self.tf32 else 'off'}"]
+        choices += ["channels_last"] * self.channels_last + ["read per batch"] * (not self.resident)
+        return ", ".join(choices + ["compiled"] * self.compiled)
+
+    @property
+    def arithmetic(self) -> str:  # the key of the GPU's peak
+        return {"16-mixed": "fp16", "bf16-mixed": "bf16"}.get(self.precision, "tf32" if self.tf32 else "fp32")
+
+
+ARITHMETIC = [StepSetup("32-true", tf32=False), StepSetup("32-true", tf32=True), StepSetup("16-mixed"),
+              StepSetup("bf16-mixed")]  # fmt: skip
+MIXED_LAST = [dataclasses.replace(s, channels_last=True) for s in ARITHMETIC if s.tf32 is None]
+SETUPS = [
+    *ARITHMETIC,
+    *(dataclasses.replace(s, channels_last=True) for s in ARITHMETIC),
+    *(dataclasses.replace(s, resident=False) for s in MIXED_LAST),
+    *(dataclasses.replace(s, compiled=True) for s in MIXED_LAST),
+]
+STEPS = {setup.name: setup for setup in SETUPS}
 
 
 def peaks_of(device_name: str) -> dict | None:
@@ -116,19 +131,19 @@ class ForceTf32(Callback):
 
 
 def project_step(job: dict, name: str) -> float:
-    precision, tf32, channels_last, resident, compile_ = STEPS[name]
+    setup = STEPS[name]
     train = dataclasses.replace(
         PAPER.train if job["size"] == 256 else SHIPPED.train,
-        batch_size=job["batch"], devices=1, accelerator=job["accelerator"], precision=precision,
-        channels_last=channels_last, compile=compile_, max_epochs=1000, min_epochs=1,
+        batch_size=job["batch"], devices=1, accelerator=job["accelerator"], precision=setup.precision,
+        channels_last=setup.channels_last, compile=setup.compiled, max_epochs=1000, min_epochs=1,
     )  # fmt: skip
     torch.manual_seed(0)
     module = Pix2Pix(*build_networks(job["model"], job["size"], 1, 3), train)
     clock = StepClock(job["warmup"] + job["steps"] + 1)
-    callbacks = [clock] + ([ForceTf32(tf32)] if tf32 is not None else [])
-    device = RunDevice(job["accelerator"], precision, channels_last)
+    callbacks = [clock] + ([ForceTf32(setup.tf32)] if setup.tf32 is not None else [])
+    device = RunDevice(job["accelerator"], setup.precision, setup.channels_last)
     trainer = build_trainer(train, device, callbacks=callbacks, limit_val_batches=0)
-    loader = dataclasses.replace(SHIPPED.loader, preload="auto" if resident else False, num_workers=0)
+    loader = dataclasses.replace(SHIPPED.loader, preload="auto" if setup.resident else False, num_workers=0)
     trainer.fit(module, datamodule=PairedDataModule(job["cache"], job["batch"], loader))
     return clock.seconds(job["warmup"])
 
@@ -169,13 +184,13 @@ def step_figures(args, cache: Path, model, size: int, accelerator: str, peaks: d
         batches = memory_batches(cache, size, batch, args.warmup + args.steps + 1)
         job = dict(size=size, batch=batch, model=model, cache=cache, accelerator=accelerator,
                    warmup=args.warmup, steps=args.steps, batches=batches)  # fmt: skip
-        names = [n for n in STEPS if not (STEPS[n][4] and (batch != max(args.batches) or args.no_compile))]
+        names = [n for n in STEPS if not (STEPS[n].compiled and (batch != max(args.batches) or args.no_compile))]
         measurements = {PLAIN: lambda job=job: plain_step(job)}
         measurements |= {name: (lambda name=name, job=job: project_step(job, name)) for name in names}
         records = measure_rounds(measurements, args.rounds, warmup_rounds=0, label=f"batch {batch}: ")
         summary = summarize(records, baseline=PLAIN)
         for name, figures in summary["configs"].items():
-            kind = "fp32" if name == PLAIN else arithmetic(*STEPS[name][:2])
+            kind = "fp32" if name == PLAIN else STEPS[name].arithmetic
             tflops = flops * batch / figures["median_s"] / 1e12
             figures |= {
                 "images_per_s": round(batch / figures["median_s"], 2),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
 import yaml
 
@@ -145,7 +146,15 @@ def pipeline_project(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def no_inherited_mlflow_context(monkeypatch):
-    """`mlflow.set_experiment` (in fixtures too) exports MLFLOW_EXPERIMENT_ID: no test's subprocess inherits it."""
-    for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
+def no_inherited_mlflow_context():
+    """Every test starts from the environment the session began with and leaves it so: `mlflow.set_tracking_uri`
+    and `mlflow.set_experiment` (in fixtures too) export MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_ID, which every
+    later test's subprocess would otherwise inherit and log into another test's store."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        os.environ.pop(name, None)
+    mlflow.set_tracking_uri(None)
+    before = dict(os.environ)
+    yield
+    mlflow.set_tracking_uri(None)
+    os.environ.clear()
+    os.environ.update(before)

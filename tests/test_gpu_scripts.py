@@ -77,7 +77,7 @@ def test_the_gpu_speed_dry_run_gives_finite_figures(tmp_path):
     assert report["returncode"] == 0, report["log"]
     (result,) = report["steps"]
     configs = result["summary"]["configs"]
-    assert set(configs) == {gpu_speed.PLAIN, *(n for n, step in gpu_speed.STEPS.items() if not step[4])}
+    assert set(configs) == {gpu_speed.PLAIN, *(n for n, step in gpu_speed.STEPS.items() if not step.compiled)}
     for figures in configs.values():
         for key in ("images_per_s", "tflops_per_s", "median_s"):
             assert math.isfinite(figures[key]) and figures[key] > 0, figures

@@ -142,10 +142,29 @@ def listening_pid(port: int) -> int:
     raise LookupError(f"no process listens on port {port}")
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes `pid` started, and theirs (a model server's request workers), from /proc's parent ids."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, all its threads, from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time so far of a process and of every process it started, live or ended: each live one's
+    own, all threads, plus what the ones its members have waited for used (/proc/<pid>/stat)."""
+    total = 0
+    for member in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def memory_mib(pid: int) -> dict[str, float]:
