@@ -96,14 +96,28 @@ class Edge:
             reason = f"{self.limits.max_bodies} requests are being received or answered (serve.max_bodies_in_flight)"
             return await reply(send, 503, {"error_code": "TEMPORARILY_UNAVAILABLE", "message": reason + "; retry"})
         self.bodies += 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held, self.bodies = False, self.bodies - 1
+
+        async def send_and_release(message: Message) -> None:
+            await send(message)
+            # The reply is out, and no await has let another request in since: a client that sends its next request
+            # on the answer finds the slot free, so N clients never need more than N slots.
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                release()
+
         try:
             body = await self._body(scope, receive)
             if body is not None:
-                await self._answer(scope, body, send)
+                await self._answer(scope, body, send_and_release)
         except Refused as refused:
-            await reply(send, refused.status, {"error_code": "BAD_REQUEST", "message": str(refused)})
+            await reply(send_and_release, refused.status, {"error_code": "BAD_REQUEST", "message": str(refused)})
         finally:
-            self.bodies -= 1
+            release()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole body, or None when the client left; Refused past a limit."""
