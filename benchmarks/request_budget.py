@@ -36,7 +36,14 @@ from PIL import Image
 
 from benchmarks.common import SHIPPED, add_report_option, markdown_table, result_file, result_stem, write_report
 from benchmarks.rest_load import served_model
-from thermal2visible.dev.servers import cpu_seconds, descendants, listening_pid, memory_mib, model_server
+from thermal2visible.dev.servers import (
+    cpu_seconds,
+    listening_pid,
+    memory_mib,
+    model_server,
+    process_ticks,
+    process_tree,
+)
 from thermal2visible.inference.serving import IMAGE
 
 LIMITS = SHIPPED.serve
@@ -75,7 +82,7 @@ def measure(url: str, images: list[str]) -> dict:
     idle, before, started = memory_mib(pid)["rss"], cpu_seconds(pid), time.perf_counter()
     response = invoke(url, images)
     wall, cpu = time.perf_counter() - started, cpu_seconds(pid) - before
-    workers = [memory_mib(worker)["peak"] for worker in descendants(pid)]
+    workers = [memory_mib(worker)["peak"] for worker in process_tree(process_ticks(), {pid}) - {pid}]
     return {
         "status": response.status_code,
         "message": "" if response.ok else response.json().get("message", response.text)[:160],

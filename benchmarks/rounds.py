@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from thermal2visible.dev.servers import process_ticks, process_tree
+
 STEAL_LIMIT = 0.05  # share of the machine's CPU time stolen by the hypervisor
 FOREIGN_LIMIT = 0.10  # share of the machine's CPU time used by processes outside this benchmark
 MIN_CLEAN_ROUNDS = 3
@@ -32,32 +34,6 @@ def _machine_ticks() -> tuple[int, int, int]:
     )
     total = user + nice + system + idle + iowait + irq + softirq + steal
     return total, total - idle - iowait - steal, steal
-
-
-def _process_ticks() -> dict[int, tuple[int, int, int]]:
-    """pid -> (parent pid, CPU ticks the process used itself (all threads), CPU ticks of its reaped children)."""
-    stats = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # exited while we looked
-                continue
-            utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
-            stats[int(entry.name)] = (int(fields[1]), utime + stime, cutime + cstime)
-    return stats
-
-
-def _descendants(stats: dict[int, tuple[int, int, int]], roots: set[int]) -> set[int]:
-    """`roots` (those still alive) and every process below them."""
-    tree = roots & stats.keys()
-    frontier = list(tree)
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _, _) in stats.items() if ppid == parent and pid not in tree]
-        tree.update(children)
-        frontier += children
-    return tree
 
 
 class MachineLoad:
@@ -84,11 +60,11 @@ class MachineLoad:
 
     @staticmethod
     def _tree_ticks(stats: dict[int, tuple[int, int, int]]) -> int:
-        return sum(stats[pid][1] + stats[pid][2] for pid in _descendants(stats, {os.getpid()}))
+        return sum(stats[pid][1] + stats[pid][2] for pid in process_tree(stats, {os.getpid()}))
 
     def _sample(self, started: bool = False) -> dict[int, tuple[int, int, int]]:
-        stats = _process_ticks()
-        for pid in _descendants(stats, {*self._last, os.getpid()}):
+        stats = process_ticks()
+        for pid in process_tree(stats, {*self._last, os.getpid()}):
             self._first.setdefault(pid, stats[pid][1] if started else 0)  # born while the block ran: from zero
             self._last[pid] = stats[pid][1]
         return stats

@@ -142,29 +142,36 @@ def listening_pid(port: int) -> int:
     raise LookupError(f"no process listens on port {port}")
 
 
-def descendants(pid: int) -> list[int]:
-    """The live processes `pid` started, and theirs (a model server's request workers), from /proc's parent ids."""
-    parents = {}
+def process_ticks() -> dict[int, tuple[int, int, int]]:
+    """pid -> (parent pid, CPU ticks the process used itself (all threads), CPU ticks of its reaped children)."""
+    stats = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited while we looked
+            continue
+        utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+        stats[int(entry)] = (int(fields[1]), utime + stime, cutime + cstime)
+    return stats
+
+
+def process_tree(stats: dict[int, tuple[int, int, int]], roots: set[int]) -> set[int]:
+    """`roots` (those still alive) and every process below them."""
+    tree = roots & stats.keys()
+    frontier = list(tree)
     while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _, _) in stats.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier += children
+    return tree
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time so far of a process and of every process it started, live or ended: each live one's
     own, all threads, plus what the ones its members have waited for used (/proc/<pid>/stat)."""
-    total = 0
-    for member in [pid, *descendants(pid)]:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
-    return total / os.sysconf("SC_CLK_TCK")
+    stats = process_ticks()
+    return sum(sum(stats[member][1:]) for member in process_tree(stats, {pid})) / os.sysconf("SC_CLK_TCK")
 
 
 def memory_mib(pid: int) -> dict[str, float]:
