@@ -11,15 +11,14 @@ sequence, as the split came out) it names each of their faces: rank-1 accuracy. 
 training (split_by identity, or sequences that each hold one person), it cannot name them; it tells same-person from
 different-person pairs instead (cosine similarity of its
 embeddings against the real test faces): verification ROC AUC. Data without identity folders gets neither, and
-eval.json says why.
+reports/evaluated.json says why.
 
-Writes metrics/eval.json (naming the generator it scored by sha256) and reports/eval_grid.png (rows thermal |
-generated | real). The register stage logs them to MLflow as the evaluation run, with the camera registration of
-preprocess (reports/align.json, reports/align_overlay.png): DVC always runs that stage, so the store gets the run even
-where DVC skips this one.
+Writes metrics/eval.json (the scores), reports/evaluated.json (the generator it scored, by sha256, and which identity
+score and why) and reports/eval_grid.png (rows thermal | generated | real). The register stage logs them to MLflow as
+the evaluation run, with the camera registration of preprocess (reports/align.json, reports/align_overlay.png): DVC
+always runs that stage, so the store gets the run even where DVC skips this one.
 """
 
-import json
 from functools import partial
 
 import numpy as np
@@ -45,7 +44,8 @@ from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
 from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest
-from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, RECOGNIZER
+from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, EVAL_REPORT, RECOGNIZER
+from thermal2visible.records import write_record
 from thermal2visible.pixels import to_model, unit, with_channels
 
 GRID_FACES = 8
@@ -160,8 +160,7 @@ def main(params: Params) -> None:
         "identity": identity,
         GENERATOR_DIGEST: file_digest(GENERATOR),
     }
-    EVAL_METRICS.parent.mkdir(parents=True, exist_ok=True)
-    EVAL_METRICS.write_text(json.dumps(report, indent=2) + "\n")
+    write_record(report, EVAL_METRICS, EVAL_REPORT)
     save_grid(grid, EVAL_GRID)
 
     ours, mean_face, thermal = (
@@ -170,7 +169,7 @@ def main(params: Params) -> None:
     print(
         f"evaluate: test PSNR {ours:.2f} dB (mean-image baseline {mean_face:.2f}, thermal baseline "
         f"{thermal:.2f}); SSIM {results['generator']['ssim']:.3f}; identity {identity_summary(identity)}; "
-        f"{EVAL_METRICS}, {EVAL_GRID}"
+        f"{EVAL_METRICS}, {EVAL_REPORT}, {EVAL_GRID}"
     )
 
 

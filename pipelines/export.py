@@ -1,8 +1,9 @@
 """export: models/generator.pt -> models/generator.onnx, checked against PyTorch on the real test images.
 
-Writes metrics/export.json (parity error, size, opset) and, with `export.int8`, models/generator.int8.onnx plus
-its size and PSNR against the fp32 model. Latencies (onnxruntime vs torch, int8) are printed, not written: a tracked
-output holds only what a rerun reproduces byte for byte (benchmarks/inference.py measures speed properly).
+Writes metrics/export.json (parity error, size, opset), reports/exported.json (the generator it exported, by sha256)
+and, with `export.int8`, models/generator.int8.onnx plus its size and PSNR against the fp32 model. Latencies
+(onnxruntime vs torch, int8) are printed, not written: a tracked output holds only what a rerun reproduces byte for
+byte (benchmarks/inference.py measures speed properly).
 The .onnx is written beside its final path and moved there only after the parity check passed, so a
 failing export never leaves a model behind for `register` to pick up.
 """
@@ -30,7 +31,8 @@ from thermal2visible.metrics import psnr
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.data.cache import array_file, load_manifest
 from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest
-from thermal2visible.paths import CACHE, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, ONNX_INT8
+from thermal2visible.paths import CACHE, EXPORT_METRICS, EXPORT_REPORT, GENERATOR, MANIFEST, ONNX, ONNX_INT8
+from thermal2visible.records import write_record
 from thermal2visible.pixels import from_model
 
 CALIBRATION_IMAGES = 64
@@ -99,8 +101,7 @@ def main(params: Params) -> None:
             ),
         }
         latencies["onnxruntime int8"] = median_latency_ms(lambda x: run_onnx(int8, x), one)
-    EXPORT_METRICS.parent.mkdir(parents=True, exist_ok=True)
-    EXPORT_METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+    write_record(metrics, EXPORT_METRICS, EXPORT_REPORT)
     print(json.dumps(metrics, indent=2))
     print("latency of one image: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in latencies.items()))
 

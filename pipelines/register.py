@@ -43,7 +43,8 @@ from thermal2visible.inference.registry import (
 )
 from thermal2visible.inference.serving import ServedLimits, ThermalToVisible
 from thermal2visible.inference.session import RunTimeLimit, exported_settings, onnx_session, run_onnx
-from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run, read_record
+from thermal2visible.records import read_record
+from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run
 from thermal2visible.tracking.store import (
     GENERATOR_DIGEST,
     data_hash,
@@ -54,7 +55,16 @@ from thermal2visible.tracking.store import (
     store_lock,
     tracking_uri,
 )
-from thermal2visible.paths import CACHE, EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, ONNX, REGISTERED
+from thermal2visible.paths import (
+    CACHE,
+    EVAL_METRICS,
+    EXPORT_METRICS,
+    EXPORT_REPORT,
+    GENERATOR,
+    MANIFEST,
+    ONNX,
+    REGISTERED,
+)
 
 
 class CachedTestFrames:
@@ -132,7 +142,7 @@ def trained_manifest(cache: Path, data_hash_of_model: str | None) -> Path:
 def main(params: Params) -> None:
     if not ONNX.is_file():
         raise PipelineError(f"{ONNX}: no exported model (run the export stage first)")
-    exported = read_record(EXPORT_METRICS)
+    exported = read_record(EXPORT_METRICS, EXPORT_REPORT)
     generator = file_digest(GENERATOR)
     if exported.get(GENERATOR_DIGEST) != generator:
         raise PipelineError(f"{ONNX}: exported from another generator than {GENERATOR} (run the export stage)")

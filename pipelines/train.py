@@ -14,7 +14,6 @@ import thermal2visible.training.shared_cores  # noqa: F401
 
 import csv
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -64,6 +63,7 @@ from thermal2visible.training.trainer import (
     world_size,
 )
 from thermal2visible.models.networks import check_networks
+from thermal2visible.records import write_record
 from thermal2visible.paths import (
     BEST_GENERATOR,
     CACHE,
@@ -89,9 +89,9 @@ def write_outputs(stop: PsnrEarlyStopping) -> dict:
     staged = GENERATOR.with_name(f"{GENERATOR.name}.{os.getpid()}.tmp")
     shutil.copyfile(BEST_GENERATOR, staged)
     os.replace(staged, GENERATOR)
-    summary = stop.summary()  # numbers only: the fingerprint is in the generator's payload and on the MLflow run
-    TRAIN_METRICS.parent.mkdir(parents=True, exist_ok=True)
-    TRAIN_METRICS.write_text(json.dumps(summary, indent=2) + "\n")
+    # numbers only: the fingerprint is in the generator's payload and on the MLflow run
+    summary = stop.summary()
+    write_record(summary, TRAIN_METRICS)
     with PSNR_CSV.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["epoch", "psnr", "psnr_smoothed"])

@@ -5,12 +5,11 @@ metrics/recognizer.json (validation accuracy). Data without identities gets a re
 a notice): the pipeline still runs, and training refuses train.lambda_id > 0 with a clear error.
 """
 
-import json
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch.loggers import MLFlowLogger
 from torchmetrics.classification import MulticlassAccuracy
 
 from thermal2visible.cli import run_stage
@@ -22,6 +21,7 @@ from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.tracking.store import log_artifact, start_run
 from thermal2visible.training.precision import resolve_accelerator
 from thermal2visible.paths import CACHE, RECOGNIZER, RECOGNIZER_METRICS
+from thermal2visible.records import write_record
 
 
 class RecognizerTask(LightningModule):
@@ -48,8 +48,7 @@ class RecognizerTask(LightningModule):
 
 def write(identities: list[str], model: IdentityRecognizer | None, metrics: dict) -> None:
     save_recognizer(RECOGNIZER, identities, model)
-    RECOGNIZER_METRICS.parent.mkdir(parents=True, exist_ok=True)
-    RECOGNIZER_METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+    write_record(metrics, RECOGNIZER_METRICS)
 
 
 def main(params: Params) -> None:
@@ -62,7 +61,8 @@ def main(params: Params) -> None:
         return
     seed_everything(settings.seed, workers=True, verbose=False)
     model = IdentityRecognizer(data.visible_channels, len(identities), settings.width)
-    logger = start_run(params, "train_recognizer", ("preprocess", "loader", "recognizer"), dataset_context="training")
+    sections = ("preprocess", "loader", "recognizer")
+    logger = start_run(params, "train_recognizer", sections, logger_class=MLFlowLogger, dataset_context="training")
     task = RecognizerTask(model, len(identities), settings.lr)
     # A classifier of the training people can only be checked on validation faces of those people: the split as it
     # came out decides (split_by identity holds whole people out; so does a sequence that holds one person).

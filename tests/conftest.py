@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -17,6 +18,12 @@ os.environ["DVC_NO_ANALYTICS"] = "1"
 # The tests' child processes track in their working folder's own store, never in a team server that the shell
 # running the tests points at.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# Test trainings run one thread each (TINY below), so two test processes' trainings fit two cores side by side: each
+# pytest-xdist worker takes turns for the cores (training.shared_cores) only among its own trainings.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _turns = Path(tempfile.gettempdir()) / f"thermal2visible-tests-{os.getuid()}-{os.environ['PYTEST_XDIST_WORKER']}"
+    _turns.mkdir(mode=0o700, exist_ok=True)
+    os.environ["XDG_RUNTIME_DIR"] = str(_turns)
 
 from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
@@ -110,7 +117,9 @@ def make_project(repo: Path) -> Path:
     """A fresh git + DVC repo at `repo` holding the project's pipeline files and tiny params, as a user's clone
     would."""
     repo.mkdir(parents=True)
-    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", ".dvcignore", "README.md"):
+    (repo / "data").mkdir()  # data/dvc.yaml: the built-in data's pipeline
+    pipeline = ("dvc.yaml", "data/dvc.yaml", "data/.gitignore", "MLproject", "conda.yaml", ".gitignore", ".dvcignore")
+    for name in (*pipeline, "README.md"):
         shutil.copy(REPO / name, repo / name)
     for name in ("pipelines", "src", "params", "examples", "docs"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))

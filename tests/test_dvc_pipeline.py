@@ -17,7 +17,7 @@ from thermal2visible.dev.stage_deps import derived
 from thermal2visible.imports import import_closure
 from thermal2visible.paths import MANIFEST
 
-DATA_STAGES = ["synthesize", "ingest", "preprocess"]
+DATA_STAGES = ["data/dvc.yaml:synthesize", "ingest", "preprocess"]
 
 
 def dvc(repo, *args):
@@ -58,10 +58,11 @@ def stage_scripts():
     return {name: REPO / stage["cmd"].split()[1] for name, stage in stages.items()}, stages
 
 
-def test_dvc_yaml_holds_the_code_deps_its_stages_import():
+@pytest.mark.parametrize("pipeline", paths.PIPELINE_FILES, ids=str)
+def test_dvc_yaml_holds_the_code_deps_its_stages_import(pipeline):
     """Every stage depends on each package file its script imports, as thermal2visible.dev.stage_deps derives them."""
-    text = (REPO / "dvc.yaml").read_text()
-    assert derived(text) == text, "dvc.yaml's code deps are stale: run python -m thermal2visible.dev.stage_deps"
+    text = (REPO / pipeline).read_text()
+    assert derived(text) == text, f"{pipeline}'s code deps are stale: run python -m thermal2visible.dev.stage_deps"
 
 
 def test_the_docs_stage_table_is_written_from_dvc_yaml():
@@ -72,6 +73,18 @@ def test_the_docs_stage_table_is_written_from_dvc_yaml():
     )
     assert all(f"| {name} | `{stage['cmd'].split()[1]}` |" in doc for name, stage in stages.items())
     assert "  train --> evaluate" in doc and "  evaluate --> train" not in doc
+
+
+def test_mlproject_has_an_entry_point_per_stage_written_from_the_pipeline_files():
+    """`mlflow run . -e STAGE` exists for every stage DVC knows, a new one included, each running its DVC target."""
+    text = (REPO / docs.MLPROJECT).read_text()
+    written = docs.between(text, docs.ENTRIES_BEGIN, docs.ENTRIES_END, docs.entry_points(docs.stage_targets(REPO)))
+    assert written == text, "MLproject's entry points are stale: run python -m thermal2visible.dev.docs"
+    entry_points = yaml.safe_load(text)["entry_points"]
+    assert set(entry_points) == {"main", *docs.resolved_stages(REPO)}
+    assert entry_points["synthesize"]["command"].split()[3] == "data/dvc.yaml:synthesize"
+    with_one_more = docs.entry_points(docs.stage_targets(REPO) | {"report": "report"})
+    assert "  report:" in with_one_more and "experiment report {set}" in with_one_more
 
 
 def test_the_readme_lists_every_module_of_the_package_from_its_docstring():
@@ -113,17 +126,18 @@ def test_stage_deps_follow_a_new_import_and_keep_data_deps_and_explained_extras(
 
 
 def test_each_stage_path_is_written_once_in_dvc_yaml_vars_and_the_code_takes_it_from_there():
-    """dvc.yaml names every data dep and output as `${…}`, never as a literal path, so a path lives only in its vars;
-    each vars path is what exactly one stage declares as output, and thermal2visible.paths holds those same paths."""
-    pipeline = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    """The pipeline files name every data dep and output as `${…}`, never as a literal path, so a path lives only in
+    their vars; each vars path is what exactly one stage declares as output, and thermal2visible.paths holds those
+    same paths."""
     written = [
         path
-        for stage in pipeline["stages"].values()
+        for pipeline in paths.PIPELINE_FILES
+        for stage in yaml.safe_load((REPO / pipeline).read_text())["stages"].values()
         for kind in ("deps", *docs.WRITES)
         for path in docs.paths(stage.get(kind))
     ]
     literal = [path for path in written if not path.startswith(("${", "pipelines/", "src/"))]
-    assert not literal, f"dvc.yaml: {literal} written as literal paths; name them in its vars"
+    assert not literal, f"{literal} written as literal paths in a pipeline file; name them in its vars"
 
     declared = [
         path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import shutil
@@ -22,6 +21,8 @@ from thermal2visible.config.load import load_params
 from thermal2visible.inference.export import cache_to_model_input, check_parity, export_generator, run_torch
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.models.payloads import load_generator
+from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT
+from thermal2visible.records import read_record
 from thermal2visible.tracking.store import data_hash
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def exported(project) -> dict:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
         main(load_params(SHIPPED_FROM, ["export.int8=true"]))
-    return json.loads((project / "metrics" / "export.json").read_text())
+    return read_record(project / EXPORT_METRICS, project / EXPORT_REPORT)
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +159,7 @@ def test_a_resnet_generator_exports_with_parity_at_dynamic_sizes(tiny_cache, tmp
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         runpy.run_path(str(EXPORT))["main"](load_params(SHIPPED_FROM))
-    assert json.loads((tmp_path / "metrics" / "export.json").read_text())["parity_passed"] is True
+    assert read_record(tmp_path / EXPORT_METRICS, tmp_path / EXPORT_REPORT)["parity_passed"] is True
     generator, payload = load_generator(tmp_path / "models" / "generator.pt")
     assert payload["model"]["generator"] == "resnet"
     session = onnx_session(tmp_path / "models" / "generator.onnx")

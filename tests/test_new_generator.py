@@ -166,7 +166,7 @@ def test_modules_dropped_into_the_package_pass_the_model_tests_train_export_and_
     assert refused.returncode == 1 and "model.generator_settings.width: Input should be greater than or equal to 1" in (
         refused.stderr
     )
-    assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
+    assert json.loads((project / "reports" / "exported.json").read_text())["parity_passed"] is True
 
     limits = ServedLimits.of(shipped("serve"))
     with pyfunc_arguments(project / "models" / "generator.onnx", limits) as arguments:

@@ -28,7 +28,8 @@ from conftest import run_script
 from tiny_model import export_tiny, register_tiny
 
 from thermal2visible.data.images import read_image
-from thermal2visible.paths import MANIFEST
+from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT, MANIFEST
+from thermal2visible.records import read_record
 from thermal2visible.imports import PACKAGE
 from thermal2visible.inference.serving import IMAGE, ServedLimits, png_bytes, to_base64
 from thermal2visible.inference.packing import packed_files, pyfunc_arguments
@@ -321,7 +322,7 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
     for stage in ("train.py", "export.py"):
         done = run_script(stage, project)
         assert done.returncode == 0, done.stdout + done.stderr
-    assert json.loads((project / "metrics" / "export.json").read_text())["parity_passed"] is True
+    assert read_record(project / EXPORT_METRICS, project / EXPORT_REPORT)["parity_passed"] is True
     with pyfunc_arguments(project / "models" / "generator.onnx", LIMITS) as arguments:
         mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     with model_server(str(tmp_path / "pyfunc"), tmp_path / "serve") as base:

@@ -26,15 +26,30 @@ import yaml
 from mlflow import MlflowClient
 from PIL import Image
 
+from conftest import make_project
 from thermal2visible.config.load import load_params, preset_overrides
+from thermal2visible.data.synthetic import synthesize
 from thermal2visible.dev.servers import free_port, mlflow_server, quiet_env, running
 from thermal2visible.inference.registry import CHAMPION, registered_model_name
 from thermal2visible.models.payloads import load_generator
+from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT, LAYOUT
+from thermal2visible.records import read_record
 from thermal2visible.tracking.publish import evaluation_metrics
 from thermal2visible.tracking.store import file_digest
 
 pytestmark = pytest.mark.slow
-STAGES = ("synthesize", "ingest", "preprocess", "train_recognizer", "train", "evaluate", "export", "register")
+STAGES = (
+    "data/dvc.yaml:synthesize",
+    "ingest",
+    "preprocess",
+    "train_recognizer",
+    "train",
+    "evaluate",
+    "export",
+    "register",
+)
+# The built-in data is made again where it is missing, never stored (cache: false): a pulled clone runs its stage.
+REMADE = {"data/dvc.yaml:synthesize"}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -104,7 +119,7 @@ def assert_store_holds_the_record(clone: Path, client: MlflowClient, name: str) 
     assert champion.run_id == training.info.run_id and training.info.run_name == "train"
     assert training.data.tags["generator_sha256"] == champion.tags["generator_sha256"]
     evaluation = client.get_run(champion.tags["evaluation_run_id"])
-    report = json.loads((clone / "metrics" / "eval.json").read_text())
+    report = read_record(clone / EVAL_METRICS, clone / EVAL_REPORT)
     assert evaluation.data.metrics == pytest.approx(evaluation_metrics(report))
     assert "identity_rank1_accuracy_generator" in evaluation.data.metrics  # the tiny set's people recur in test
 
@@ -114,10 +129,39 @@ def test_two_runs_agree_byte_for_byte(pushed):
     assert a == b, "dvc.lock differs between two runs:\n" + "\n".join(difflib.unified_diff(a, b, lineterm=""))
 
 
+def test_every_metrics_file_holds_numbers_only(pushed):
+    """What `dvc metrics show` and `dvc exp show` make columns of is numbers: names, digests, flags and reasons are
+    in the stages' reports."""
+    shown = subprocess.run(
+        [str(Path(sys.executable).with_name("dvc")), "metrics", "show", "--json"],
+        cwd=pushed[0],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    files = {}
+
+    def collect(node):
+        for key, value in node.items():
+            if key.endswith(".json") and isinstance(value, dict) and "data" in value:
+                files[key] = value["data"]
+            elif isinstance(value, dict):
+                collect(value)
+
+    def leaves(node):
+        return [leaf for value in node.values() for leaf in (leaves(value) if isinstance(value, dict) else [value])]
+
+    collect(json.loads(shown.stdout))
+    declared = {path for key, path in LAYOUT.items() if key.endswith("_metrics")}
+    assert set(files) == declared
+    for path, record in files.items():
+        assert leaves(record) and all(type(leaf) in (int, float) for leaf in leaves(record)), (path, record)
+
+
 @pytest.mark.timeout(600)
 def test_a_fresh_clone_fills_its_store_serves_the_champion_and_adds_nothing_twice(pushed, tmp_path):
     clone = pulled_clone(pushed, tmp_path / "teammate")
-    assert ran(dvc(clone, "repro")) == {"register"}  # every output was pulled; only the store was missing
+    assert ran(dvc(clone, "repro")) == {"register"} | REMADE  # every output was pulled; only the store was missing
     assert git(clone, "status", "--porcelain") == ""
     client, name = store_of(clone)
     assert_store_holds_the_record(clone, client, name)
@@ -160,7 +204,7 @@ def test_a_team_server_gets_the_record_with_its_training_run(pushed, tmp_path):
     clone = pulled_clone(pushed, tmp_path / "teammate")
     with mlflow_server(tmp_path / "server") as uri:
         team = os.environ | {"MLFLOW_TRACKING_URI": uri}
-        assert ran(dvc(clone, "repro", env=team)) == {"register"}
+        assert ran(dvc(clone, "repro", env=team)) == {"register"} | REMADE
         client, name = store_of(clone, uri)
         assert_store_holds_the_record(clone, client, name)
         assert "nothing added" in dvc(clone, "repro", env=team)
@@ -179,7 +223,7 @@ def test_a_torchrun_training_is_recorded_and_registered_not_replaced(pushed, tmp
     assert load_params(clone / "params.yaml").train.devices == 2  # the record says how it was trained
 
     output = dvc(clone, "repro")
-    assert ran(output) == {"evaluate", "export", "register"}, output  # neither retrained nor restored from cache
+    assert ran(output) == {"evaluate", "export", "register"} | REMADE, output  # neither retrained nor restored
     assert file_digest(clone / "models" / "generator.pt") == trained
     client, name = store_of(clone)
     assert_store_holds_the_record(clone, client, name)
@@ -201,3 +245,25 @@ def test_each_dataset_keeps_its_own_champion(pushed, tmp_path):
     assert client.get_model_version_by_alias(name, CHAMPION).tags["data_hash"] != champion.tags["data_hash"]
     assert client.get_model_version_by_alias(portrait, CHAMPION).version == champion.version
     assert len(client.search_model_versions(f"name = '{portrait}'")) == 1
+
+
+@pytest.mark.timeout(300)
+def test_own_data_travels_with_dvc_push_and_a_clone_runs_only_register(tmp_path):
+    """README's own-data path: the folder is `dvc add`ed, so `git push` + `dvc push` carry it; the built-in data's
+    stage never runs, and a teammate's clone pulls everything and runs only `register`."""
+    first = make_project(tmp_path / "first")
+    own = first / "data" / "skpairs"
+    synthesize(load_params(first / "params.yaml").synthesize, own)  # the tiny set, written where a user's would be
+    dvc(first, "add", "data/skpairs")
+    output = dvc(first, "exp", "run", "-S", "data.source=data/skpairs")
+    assert ran(output) == set(STAGES) - {"data/dvc.yaml:synthesize"} and not (first / "data" / "raw").exists()
+    dvc(first, "remote", "add", "-d", "team", str(tmp_path / "remote"))
+    git(first, "add", "-A")
+    git(first, "commit", "-qm", "own data")
+    dvc(first, "push")
+
+    clone = pulled_clone((first, first), tmp_path / "teammate")
+    assert (clone / "data" / "skpairs" / "thermal").is_dir()
+    assert "register" in dvc(clone, "status") and "skpairs" not in dvc(clone, "status")
+    assert ran(dvc(clone, "repro")) == {"register"}
+    assert git(clone, "status", "--porcelain") == ""

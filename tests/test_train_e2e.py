@@ -14,6 +14,8 @@ from thermal2visible.config.load import load_params
 from thermal2visible.data.cache import build_cache
 from thermal2visible.data.ingest import ingest
 from thermal2visible.models.payloads import load_generator
+from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT
+from thermal2visible.records import read_record
 from thermal2visible.tracking.store import file_digest
 from thermal2visible.training.precision import resolve_channels_last
 from figures import assert_drawn
@@ -67,7 +69,7 @@ def test_train_then_evaluate_beats_the_mean_face(project, write_params):
     assert run("train_recognizer.py", project).returncode == 0
     evaluated = run("evaluate.py", project)
     assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
-    scores = json.loads((project / "metrics" / "eval.json").read_text())
+    scores = read_record(project / EVAL_METRICS, project / EVAL_REPORT)
     assert scores["generator"]["psnr"] > scores["baseline_mean_image"]["psnr"] > scores["baseline_thermal"]["psnr"]
     identity = scores["identity"]  # the tiny set splits at random: test people were seen in training
     assert identity["score"] == "rank1_accuracy" and identity["faces"] == scores["test_images"]
@@ -154,6 +156,6 @@ def test_identity_is_scored_by_the_split_the_data_got(tmp_path, tiny_cache, writ
     save_tiny_generator(tmp_path / "models" / "generator.pt", tmp_path / "data" / "cache")
     evaluated = run("evaluate.py", tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
-    identity = json.loads((tmp_path / "metrics" / "eval.json").read_text())["identity"]
+    identity = read_record(tmp_path / EVAL_METRICS, tmp_path / EVAL_REPORT)["identity"]
     assert identity["score"] == "verification_auc" and "no test person appears in the training split" in identity["why"]
     assert 0 <= identity["real_visible"] <= 1

@@ -16,7 +16,18 @@ import torch
 
 from shipped import SHIPPED
 
-from thermal2visible.paths import EVAL_METRICS, EXPORT_METRICS, GENERATOR, MANIFEST, PSNR_CSV, PSNR_CURVE, TRAIN_METRICS
+from thermal2visible.paths import (
+    EVAL_METRICS,
+    EVAL_REPORT,
+    EXPORT_METRICS,
+    EXPORT_REPORT,
+    GENERATOR,
+    MANIFEST,
+    PSNR_CSV,
+    PSNR_CURVE,
+    TRAIN_METRICS,
+)
+from thermal2visible.records import write_record
 from thermal2visible.inference.export import cache_to_model_input, export_generator
 from thermal2visible.inference.registry import Registered, register
 from thermal2visible.models.payloads import load_generator, save_generator
@@ -73,8 +84,11 @@ def write_stage_record(project: Path, models: Path, test_psnr: float, parity_err
     (project / TRAIN_METRICS).write_text(json.dumps({"fingerprint": fingerprint}))
     (project / PSNR_CSV).write_text("epoch,psnr,psnr_smoothed\n1,10.0,10.0\n")
     save_psnr_curve(project / PSNR_CURVE, [10.0], [10.0], 1, 1, 1)
-    (project / EVAL_METRICS).write_text(json.dumps({"generator": {"psnr": test_psnr}, GENERATOR_DIGEST: digest}))
-    (project / EXPORT_METRICS).write_text(json.dumps({"parity_max_abs_error": parity_error, GENERATOR_DIGEST: digest}))
+    write_record(
+        {"generator": {"psnr": test_psnr}, GENERATOR_DIGEST: digest}, project / EVAL_METRICS, project / EVAL_REPORT
+    )
+    exported = {"parity_max_abs_error": parity_error, GENERATOR_DIGEST: digest}
+    write_record(exported, project / EXPORT_METRICS, project / EXPORT_REPORT)
 
 
 def register_tiny(model: Path, **arguments) -> Registered:

@@ -50,7 +50,9 @@ def refuse_unrunnable(settings: list[str]) -> None:
 def main(argv: list[str]) -> None:
     summary = __doc__.split("\n\n")[0].replace("\n", " ")  # the docstring's first sentence, whole
     parser = argparse.ArgumentParser(prog="python -m thermal2visible.experiment", description=summary)
-    parser.add_argument("stage", nargs="?", default="all", help="a dvc.yaml stage, or all (default)")
+    parser.add_argument(
+        "stage", nargs="?", default="all", help="a stage of dvc.yaml, data/dvc.yaml:synthesize, or all (default)"
+    )
     parser.add_argument("settings", nargs="?", default="", help='"section.key=value ..." (MLproject\'s `set`)')
     parser.add_argument("--preset", action="append", default=[], metavar="FILE", help="a preset from params/")
     add_overrides(parser, "one setting (repeatable), as `dvc exp run -S`")

@@ -1,22 +1,28 @@
-"""Where every stage reads and writes, relative to the project folder. The stages' paths are written once, in dvc.yaml's
-`vars` (its stages declare them as `${paths.…}`), and read from there; the project's own folders are below."""
+"""Where every stage reads and writes, relative to the project folder. The stages' paths are written once, in the
+`vars` of the pipeline files (their stages declare them as `${paths.…}`), and read from there; the project's own
+folders are below."""
 
 from pathlib import Path
 
 import yaml
 
-# dvc.yaml beside the package's src/ folder: the project this code belongs to, wherever the command runs from.
-PROJECT_PIPELINE = Path(__file__).parents[2] / "dvc.yaml"
-if not PROJECT_PIPELINE.is_file():
-    raise ImportError(
-        f"{PROJECT_PIPELINE}: missing; thermal2visible reads its stages' paths from the dvc.yaml of the project "
-        "it belongs to: install it from the project folder (pip install -e .)"
-    )
-LAYOUT = next(
-    entry["paths"]
-    for entry in yaml.safe_load(PROJECT_PIPELINE.read_text())["vars"]
+# The project's pipeline files beside the package's src/ folder, wherever the command runs from: the built-in data's
+# stage has one of its own (data/dvc.yaml), so that `dvc repro` runs it only while data.source is its output.
+PROJECT = Path(__file__).parents[2]
+PIPELINE_FILES = (Path("data/dvc.yaml"), Path("dvc.yaml"))
+for _pipeline in PIPELINE_FILES:
+    if not (PROJECT / _pipeline).is_file():
+        raise ImportError(
+            f"{PROJECT / _pipeline}: missing; thermal2visible reads its stages' paths from the pipeline files of the "
+            "project it belongs to: install it from the project folder (pip install -e .)"
+        )
+LAYOUT = {
+    name: path
+    for pipeline in PIPELINE_FILES
+    for entry in yaml.safe_load((PROJECT / pipeline).read_text())["vars"]
     if isinstance(entry, dict) and "paths" in entry
-)
+    for name, path in entry["paths"].items()
+}
 RAW = Path(LAYOUT["raw"])
 INGESTED = Path(LAYOUT["ingested"])
 INDEX = INGESTED / "index.json"
@@ -33,9 +39,11 @@ TRAIN_METRICS = Path(LAYOUT["train_metrics"])
 PSNR_CSV = Path(LAYOUT["psnr_csv"])
 PSNR_CURVE = Path(LAYOUT["psnr_curve"])
 EVAL_METRICS = Path(LAYOUT["eval_metrics"])
+EVAL_REPORT = Path(LAYOUT["eval_report"])
 EVAL_GRID = Path(LAYOUT["eval_grid"])
 ONNX = Path(LAYOUT["onnx"])
 EXPORT_METRICS = Path(LAYOUT["export_metrics"])
+EXPORT_REPORT = Path(LAYOUT["export_report"])
 # Written by export only with export.int8: an output dvc.yaml cannot declare for some params and not others.
 ONNX_INT8 = ONNX.with_suffix(".int8.onnx")
 

@@ -1,8 +1,8 @@
 """The parts of the docs that the project's files already say, written from them: docs/pipeline.md's stage diagram
 and table from dvc.yaml (each stage's `desc`, script, params and what it writes, and the edges from one stage's
-outputs to another's deps), README.md's table of the package's modules from their docstrings, and
-docs/contributing.md's diagram of the package's parts from their imports. After adding or changing a stage or a
-module:
+outputs to another's deps), MLproject's entry points from the pipeline files' stages, README.md's table of the
+package's modules from their docstrings, and docs/contributing.md's diagram of the package's parts from their
+imports. After adding or changing a stage or a module:
 
     python -m thermal2visible.dev.docs          # rewrites the parts between their markers
     python -m thermal2visible.dev.docs --check  # exits 1 when a part differs from what it is written from"""
@@ -15,10 +15,12 @@ import re
 import sys
 from pathlib import Path
 
+import yaml
 from dvc.dvcfile import load_file
 from dvc.repo import Repo
 
 from thermal2visible.imports import PACKAGE, part_imports
+from thermal2visible.paths import PIPELINE_FILES
 
 ROOT = PACKAGE.parents[1]
 DOC = Path("docs/pipeline.md")
@@ -31,6 +33,9 @@ WRITES = ("outs", "metrics", "plots")
 CONTRIBUTING = Path("docs/contributing.md")
 PARTS_BEGIN = "<!-- packages: written by `python -m thermal2visible.dev.docs` from the imports -->"
 PARTS_END = "<!-- /packages -->"
+MLPROJECT = Path("MLproject")
+ENTRIES_BEGIN = "  # written by `python -m thermal2visible.dev.docs` from the stages of the pipeline files"
+ENTRIES_END = "  # /written"
 
 
 def paths(entries: list) -> list[str]:
@@ -91,6 +96,30 @@ def parts_diagram(edges: set[tuple[str, str]]) -> str:
     return "\n".join([PARTS_BEGIN, "```mermaid", "flowchart TD", *arrows, "```", PARTS_END])
 
 
+def stage_targets(project: Path) -> dict[str, str]:
+    """Each stage of the pipeline files by its name, with the DVC target that names it (`train`,
+    `data/dvc.yaml:synthesize`)."""
+    return {
+        name: name if pipeline == Path("dvc.yaml") else f"{pipeline}:{name}"
+        for pipeline in PIPELINE_FILES
+        for name in yaml.safe_load((project / pipeline).read_text())["stages"]
+    }
+
+
+def entry_points(targets: dict[str, str]) -> str:
+    """MLproject's entry points: `main`, the whole pipeline, and one per stage, each run through
+    thermal2visible.experiment with the settings given as `set`."""
+    lines = [ENTRIES_BEGIN]
+    for name, target in {"main": "all", **targets}.items():
+        lines += [
+            f"  {name}:",
+            "    parameters:",
+            '      set: {type: string, default: ""}',
+            f'    command: "python -m thermal2visible.experiment {target} {{set}}"',
+        ]
+    return "\n".join([*lines, ENTRIES_END])
+
+
 def between(text: str, begin: str, end: str, written: str) -> str:
     """`text` with what lies from `begin` to `end` (both markers included) replaced by `written`."""
     before, rest = text.split(begin, 1)
@@ -98,8 +127,14 @@ def between(text: str, begin: str, end: str, written: str) -> str:
 
 
 def resolved_stages(project: Path) -> dict:
-    """dvc.yaml's stages as DVC reads them: every `${…}` replaced by its value (dvc.yaml's vars, params.yaml's)."""
-    return load_file(Repo(str(project)), "dvc.yaml").resolver.resolve()["stages"]
+    """The stages of the pipeline files (data/dvc.yaml's, then dvc.yaml's) as DVC reads them: every `${…}` replaced
+    by its value (the file's vars, params.yaml's)."""
+    repo = Repo(str(project))
+    return {
+        name: stage
+        for pipeline in PIPELINE_FILES
+        for name, stage in load_file(repo, str(pipeline)).resolver.resolve()["stages"].items()
+    }
 
 
 def derived(doc: str, stages: dict) -> str:
@@ -115,6 +150,9 @@ def main() -> None:
         DOC: derived((ROOT / DOC).read_text(), resolved_stages(ROOT)),
         README: between((ROOT / README).read_text(), PACKAGES_BEGIN, PACKAGES_END, modules_table(PACKAGE)),
         CONTRIBUTING: between((ROOT / CONTRIBUTING).read_text(), PARTS_BEGIN, PARTS_END, parts_diagram(part_imports())),
+        MLPROJECT: between(
+            (ROOT / MLPROJECT).read_text(), ENTRIES_BEGIN, ENTRIES_END, entry_points(stage_targets(ROOT))
+        ),
     }
     stale = [name for name, text in written.items() if text != (ROOT / name).read_text()]
     if args.check:

@@ -1,7 +1,8 @@
-"""dvc.yaml's code deps, derived: each stage depends on its script and every package file the script imports
-(thermal2visible.imports), so that DVC reruns exactly the stages a code change can affect. Edit the imports, then
+"""The code deps of the pipeline files (dvc.yaml, data/dvc.yaml), derived: each stage depends on its script and every
+package file the script imports (thermal2visible.imports), so that DVC reruns exactly the stages a code change can
+affect. Edit the imports, then
 
-    python -m thermal2visible.dev.stage_deps          # rewrites the code deps of every stage in dvc.yaml
+    python -m thermal2visible.dev.stage_deps          # rewrites the code deps of every stage
     python -m thermal2visible.dev.stage_deps --check  # exits 1 naming the stages whose deps are stale
 
 Data deps (outputs of other stages, `${data.source}`), and code deps written with a comment saying why (a file a stage
@@ -16,6 +17,7 @@ import sys
 import yaml
 
 from thermal2visible.imports import PACKAGE, discovered_folders, import_closure
+from thermal2visible.paths import PIPELINE_FILES
 
 ROOT = PACKAGE.parents[1]
 CODE = ("pipelines/", "src/")
@@ -58,21 +60,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m thermal2visible.dev.stage_deps", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if dvc.yaml's deps are stale")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a stage's deps are stale")
     args = parser.parse_args()
-    path = ROOT / "dvc.yaml"
-    text = path.read_text()
-    fresh = derived(text)
-    if args.check:
-        stale = [
-            name
-            for name, stage in yaml.safe_load(text)["stages"].items()
-            if stage.get("deps") != yaml.safe_load(fresh)["stages"][name].get("deps")
-        ]
-        if stale:
-            sys.exit(f"dvc.yaml: the code deps of {', '.join(stale)} differ from their imports; run {parser.prog}")
-        return
-    path.write_text(fresh)
+    for pipeline in PIPELINE_FILES:
+        path = ROOT / pipeline
+        text = path.read_text()
+        fresh = derived(text)
+        if args.check:
+            stale = [
+                name
+                for name, stage in yaml.safe_load(text)["stages"].items()
+                if stage.get("deps") != yaml.safe_load(fresh)["stages"][name].get("deps")
+            ]
+            if stale:
+                sys.exit(
+                    f"{pipeline}: the code deps of {', '.join(stale)} differ from their imports; run {parser.prog}"
+                )
+        else:
+            path.write_text(fresh)
 
 
 if __name__ == "__main__":

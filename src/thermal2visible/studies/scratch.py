@@ -11,7 +11,17 @@ import sys
 from pathlib import Path
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.paths import CACHE, EVAL_METRICS, GENERATOR, INDEX, PIPELINES, RECOGNIZER, TRAIN_METRICS
+from thermal2visible.paths import (
+    CACHE,
+    EVAL_METRICS,
+    EVAL_REPORT,
+    GENERATOR,
+    INDEX,
+    PIPELINES,
+    RECOGNIZER,
+    TRAIN_METRICS,
+)
+from thermal2visible.records import read_record
 from thermal2visible.studies.runs import trained_run
 from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest, tracking_uri
 
@@ -81,4 +91,4 @@ def evaluate_child(work: Path, name: str, params: Path, overrides: list[str]) ->
     """The evaluate stage run in the child's scratch project: its test scores and identity score (eval.json)."""
     project = child_project(work, name)
     run_script("evaluate.py", project, params, overrides)
-    return json.loads((project / EVAL_METRICS).read_text())
+    return read_record(project / EVAL_METRICS, project / EVAL_REPORT)

@@ -11,21 +11,22 @@ tagged `logged_from: dvc record`. The register stage, which DVC always runs, cal
 from __future__ import annotations
 
 import csv
-import json
-from pathlib import Path
 
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
+from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import (
     ALIGN_OVERLAY,
     ALIGN_REPORT,
     EVAL_GRID,
     EVAL_METRICS,
+    EVAL_REPORT,
     GENERATOR,
     PSNR_CSV,
     PSNR_CURVE,
     TRAIN_METRICS,
 )
+from thermal2visible.records import read_record
 from thermal2visible.tracking.store import (
     GENERATOR_DIGEST,
     file_digest,
@@ -41,15 +42,6 @@ LOGGED_FROM_RECORD = {"logged_from": "dvc record"}
 TRAINING_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")  # the params a train run logs
 
 
-def read_record(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: missing (dvc repro runs the stage that writes it)") from None
-    except json.JSONDecodeError as error:
-        raise PipelineError(f"{path}: not valid JSON ({error})") from None
-
-
 def ensure_training_run(params: Params, digest: str) -> str:
     """The id of the run that trained models/generator.pt (sha256 `digest`); logged from metrics/train.json,
     metrics/psnr.csv and the PSNR curve when this store has none (the training ran against another store, or before
@@ -57,13 +49,13 @@ def ensure_training_run(params: Params, digest: str) -> str:
     found = newest_run(open_store(tracking_uri()), "train", {GENERATOR_DIGEST: digest}, "FINISHED")
     if found:
         return found
-    summary = read_record(TRAIN_METRICS)
+    fingerprint = load_generator(GENERATOR)[1]["fingerprint"]  # metrics/train.json holds numbers only
     logger = start_run(
         params,
         "train",
         TRAINING_SECTIONS,
         dataset_context="training",
-        tags={"fingerprint": str(summary.get("fingerprint")), GENERATOR_DIGEST: digest, **LOGGED_FROM_RECORD},
+        tags={"fingerprint": str(fingerprint), GENERATOR_DIGEST: digest, **LOGGED_FROM_RECORD},
     )
     with PSNR_CSV.open(newline="") as file:
         for row in csv.DictReader(file):
@@ -95,10 +87,10 @@ def evaluation_metrics(report: dict) -> dict[str, float]:
 def ensure_evaluation_run(params: Params, generator: str, training_run_id: str) -> str:
     """The id of the run that holds metrics/eval.json's scores of models/generator.pt (sha256 `generator`); logged
     when missing."""
-    report = read_record(EVAL_METRICS)
+    report = read_record(EVAL_METRICS, EVAL_REPORT)
     if report.get(GENERATOR_DIGEST) != generator:
         raise PipelineError(
-            f"{EVAL_METRICS}: scores another generator than {GENERATOR} (run the evaluate stage: dvc repro)"
+            f"{EVAL_REPORT}: scores another generator than {GENERATOR} (run the evaluate stage: dvc repro)"
         )
     tags = {GENERATOR_DIGEST: generator, EVALUATION_DIGEST: file_digest(EVAL_METRICS)}
     found = newest_run(open_store(tracking_uri()), "evaluate", tags, "FINISHED")
@@ -108,7 +100,7 @@ def ensure_evaluation_run(params: Params, generator: str, training_run_id: str) 
         params, "evaluate", ("mlflow",), dataset_context="evaluation", tags=tags | {"train_run_id": training_run_id}
     )
     logger.log_metrics(evaluation_metrics(report))
-    for path in (EVAL_METRICS, EVAL_GRID, ALIGN_REPORT, ALIGN_OVERLAY):
+    for path in (EVAL_METRICS, EVAL_REPORT, EVAL_GRID, ALIGN_REPORT, ALIGN_OVERLAY):
         if path.is_file():  # the alignment report is absent beside a cache made by hand, outside preprocess
             log_artifact(logger, path)
     logger.finalize("success")

@@ -3,8 +3,9 @@ that run to its code (git commit, whether the sources differed), its data (an ML
 data hash) and its DVC experiment.
 
 Tracking goes to `MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the project folder (`project_root`), with
-artifacts in ./mlruns (MLflow's default, fixed when the experiment is made). Every run is a Lightning
-`MLFlowLogger`; under DDP only rank 0 creates the run and logs to it.
+artifacts in ./mlruns (MLflow's default, fixed when the experiment is made). A training's run is a Lightning
+`MLFlowLogger` (under DDP only rank 0 creates the run and logs to it); every other stage's is a `StageRun`, the same
+calls through MLflow's client, so that those stages never load Lightning.
 
 The data version is `data_hash`: the md5 of every file of data/cache (its arrays and its manifest, names and bytes),
 so it changes whenever what training reads changes, also where the manifest does not (a preprocessing change inside
@@ -22,21 +23,25 @@ import subprocess
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from time import time
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import mlflow
-from lightning.pytorch.loggers import MLFlowLogger
 from mlflow import MlflowClient
 from mlflow.data.dataset_source_registry import resolve_dataset_source
 from mlflow.data.meta_dataset import MetaDataset
-from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
+from mlflow.tracking.context.registry import resolve_tags
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import ConfigError
 from thermal2visible.paths import CACHE, MANIFEST, SOURCES
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loggers import MLFlowLogger
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -173,15 +178,45 @@ def log_dataset(client: MlflowClient, run_id: str, cache_dir: Path, digest: str,
         client.log_inputs(run_id, inputs)
 
 
+class StageRun:
+    """The MLflow run of a stage that does not train: Lightning's `MLFlowLogger` constructor and the calls the stages
+    make of it (log_hyperparams, log_metrics, finalize, run_id, experiment), written with MLflow's client. Tags,
+    params and metrics come out as the logger writes them: MLflow's context tags (user, source), `mlflow.runName`,
+    param values as text of at most 250 characters."""
+
+    def __init__(
+        self, experiment_name: str, run_name: str, tracking_uri: str, tags: dict[str, str], run_id: str | None = None
+    ):
+        self.experiment = MlflowClient(tracking_uri)
+        if run_id is None:
+            experiment_id = self.experiment.get_experiment_by_name(experiment_name).experiment_id
+            run_tags = resolve_tags(tags | {MLFLOW_RUN_NAME: run_name})
+            run_id = self.experiment.create_run(experiment_id, tags=run_tags).info.run_id
+        self.run_id = run_id
+
+    def log_hyperparams(self, params: Mapping[str, object]) -> None:
+        entries = [Param(key, str(value)[:250]) for key, value in params.items()]
+        for start in range(0, len(entries), 100):  # MLflow takes at most 100 params per batch
+            self.experiment.log_batch(self.run_id, params=entries[start : start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        now = int(time() * 1000)
+        entries = [Metric(key, value, now, step or 0) for key, value in metrics.items()]
+        self.experiment.log_batch(self.run_id, metrics=entries)
+
+    def finalize(self, status: str = "success") -> None:
+        self.experiment.set_terminated(self.run_id, "FINISHED" if status in ("success", "finished") else "FAILED")
+
+
 def start_run(
     params: Params,
     name: str,
     sections: Sequence[str],
     tags: dict[str, str] | None = None,
     run_id: str | None = None,
-    logger_class: type[MLFlowLogger] = MLFlowLogger,
+    logger_class: type[MLFlowLogger] | type[StageRun] = StageRun,
     dataset_context: str | None = None,
-) -> MLFlowLogger:
+) -> MLFlowLogger | StageRun:
     """A new MLflow run logging `params.flat(*sections)` and `tags`, or (run_id) the existing run to continue.
 
     Every run carries `run_identity`. With `dataset_context` (training, evaluation) it reads data/cache: the run
@@ -228,17 +263,6 @@ def newest_run(client: MlflowClient, run_name: str, tags: dict[str, str], status
         experiments, " and ".join(conditions), order_by=["attributes.start_time DESC"], max_results=1
     )
     return runs[0].info.run_id if runs else None
-
-
-def training_run_id(fingerprint: str | None) -> str | None:
-    """The MLflow run that trained the weights stamped `fingerprint` (the newest, where the same run was trained more
-    than once), or None where this tracking store has none (another store, or a generator from before fingerprints).
-
-    DVC-tracked files hold the fingerprint, never a run id: a rerun reproduces them byte for byte, and the run is
-    found here, by its tag, in whichever experiment it went to."""
-    if not fingerprint:
-        return None
-    return newest_run(open_store(tracking_uri()), "train", {"fingerprint": fingerprint})
 
 
 def continued_run(run_id: str | None, fingerprint: str, checkpoint: Path) -> str | None:
@@ -289,6 +313,6 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def log_artifact(logger: MLFlowLogger, path: str | Path) -> None:
+def log_artifact(logger: MLFlowLogger | StageRun, path: str | Path) -> None:
     if logger.run_id:  # None on ranks other than 0
         logger.experiment.log_artifact(logger.run_id, str(path))
