@@ -17,7 +17,6 @@ Usage: python -m benchmarks.queue_sweep [--batches 1 2 4 8] [--rounds 3] [--repo
 import argparse
 import hashlib
 import json
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -34,6 +33,7 @@ from mlflow import MlflowClient  # noqa: E402
 from benchmarks.common import PROJECT, add_report_option, machine_text, result_file, result_stem, write_report  # noqa: E402
 from benchmarks.rounds import measure_rounds  # noqa: E402
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
+from thermal2visible.dev.projects import copy_project  # noqa: E402
 from thermal2visible.dev.servers import quiet_env  # noqa: E402
 from thermal2visible.paths import GENERATOR  # noqa: E402
 from thermal2visible.studies.queue import DVC, dvc, queue, wait_for, wait_for_workers  # noqa: E402
@@ -51,11 +51,7 @@ def run(command: list[str], project: Path) -> str:
 def tiny_project(folder: Path, baseline: bool = True) -> Path:
     """A fresh git + DVC repo of this project's pipeline with the tiny preset, committed; with `baseline` its pipeline
     also run and committed, as `make demo` leaves a user's clone."""
-    folder.mkdir(parents=True)
-    for name in ("dvc.yaml", "MLproject", "conda.yaml", ".gitignore", ".dvcignore", "pyproject.toml"):
-        shutil.copy(PROJECT / name, folder / name)
-    for name in ("pipelines", "src", "params"):
-        shutil.copytree(PROJECT / name, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_project(folder)
     params = yaml.safe_load((PROJECT / "params.yaml").read_text())
     for override in preset_overrides(TINY):
         apply_override(params, override)

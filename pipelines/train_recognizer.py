@@ -48,7 +48,8 @@ class RecognizerTask(LightningModule):
 
 def write(identities: list[str], model: IdentityRecognizer | None, metrics: dict) -> None:
     save_recognizer(RECOGNIZER, identities, model)
-    write_record(metrics, RECOGNIZER_METRICS)
+    # an accuracy that was not measured (no validation faces) is no column
+    write_record({name: value for name, value in metrics.items() if value is not None}, RECOGNIZER_METRICS)
 
 
 def main(params: Params) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402
+from thermal2visible.dev.projects import copy_project  # noqa: E402
 from thermal2visible.dev.servers import quiet_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,13 +116,7 @@ def tiny_cache(tmp_path_factory) -> Path:
 def make_project(repo: Path) -> Path:
     """A fresh git + DVC repo at `repo` holding the project's pipeline files and tiny params, as a user's clone
     would."""
-    repo.mkdir(parents=True)
-    (repo / "data").mkdir()  # data/dvc.yaml: the built-in data's pipeline
-    pipeline = ("dvc.yaml", "data/dvc.yaml", "data/.gitignore", "MLproject", "conda.yaml", ".gitignore", ".dvcignore")
-    for name in (*pipeline, "README.md"):
-        shutil.copy(REPO / name, repo / name)
-    for name in ("pipelines", "src", "params", "examples", "docs"):
-        shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_project(repo, "examples", "docs")
     _write_params(repo)
     dvc = str(Path(sys.executable).with_name("dvc"))
     commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]

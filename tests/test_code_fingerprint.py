@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from thermal2visible.dev.projects import copy_project
 from thermal2visible.imports import PACKAGE
 
 pytestmark = pytest.mark.slow
@@ -23,10 +24,7 @@ VANILLA = "        return F.binary_cross_entropy_with_logits(logits, target)\n"
 
 
 def copy_of_project(root: Path) -> Path:
-    shutil.copytree(REPO / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copytree(REPO / "pipelines", root / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
-    return root
+    return copy_project(root)
 
 
 def edit(source: Path, old: str, new: str) -> None:

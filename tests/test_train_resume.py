@@ -214,7 +214,6 @@ def test_a_run_whose_process_died_before_its_first_checkpoint_is_marked_killed(t
 @pytest.mark.parametrize(
     "overrides",
     [
-        pytest.param(("loader.num_workers=1", "loader.preload=false"), id="batches read by loader workers"),
         pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
         pytest.param(
             ("model.generator=resnet", "model.discriminator_settings.scales=2", "train.lambda_feat=10"),
@@ -223,6 +222,7 @@ def test_a_run_whose_process_died_before_its_first_checkpoint_is_marked_killed(t
     ],
 )
 def test_a_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, tiny_cache, write_params, overrides):
+    """(Resuming into loader workers, reading per batch, is the run-only keys' test below.)"""
     settings = ("train.max_epochs=6", *overrides)
     uninterrupted = project(tmp_path / "uninterrupted", tiny_cache, write_params, *settings)
     finish(start(uninterrupted))
