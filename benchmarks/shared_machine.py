@@ -3,8 +3,9 @@ project's, beside the REST server answering the README's 8-client load, and two 
 images/s of the training and the REST p99 in each, in interleaved rounds (benchmarks/rounds.py).
 
 A training is a fresh `python -m benchmarks.shared_machine --train CACHE --epochs E` process: the project's Trainer,
-Pix2Pix and datamodule with params.yaml's settings (the demo's, train.threads included), validation included, no
-MLflow. A busy process is a pure-Python loop in a session of its own, as an IDE's indexer or a build would be. The
+Pix2Pix and datamodule with params.yaml's settings (the demo's), validation included, no MLflow; `--threads` sets its
+train.threads (default: params.yaml's `cores`, a thread per core whatever else runs; `auto` follows the free cores).
+A busy process is a pure-Python loop in a session of its own, as an IDE's indexer or a build would be. The
 server is the project's REST server (pipelines/serve.py) of a demo-sized model, as benchmarks.rest_load serves it, with
 8 clients sending requests one after another each. "Two projects" trains two caches made apart, as two projects'
 folders would hold them, started together; its time is until both have finished. Each configuration's figure is its
@@ -13,8 +14,8 @@ training), and the REST p99 beside the training over the p99 of the same load al
 
 Writes a new benchmarks/results/<date>-shared_machine.json and .png (--report names them otherwise, --out puts
 them at a path of your choice). --smoke: one round of everything at a tiny size, to check the benchmark runs.
-Usage: python -m benchmarks.shared_machine [--rounds 3] [--epochs 8] [--requests 25] [--smoke] [--report NAME]
-       [--out PATH]
+Usage: python -m benchmarks.shared_machine [--rounds 3] [--epochs 8] [--requests 25] [--threads auto] [--smoke]
+       [--report NAME] [--out PATH]
 """
 
 import thermal2visible.training.shared_cores  # noqa: F401  (first: sets OpenMP's spin before torch loads)
@@ -63,9 +64,12 @@ GOALS = {BUSY_1: 2.2, BUSY_2: None, REST: 2.2, PROJECTS: 2.3, "rest_p99": 3.0}
 CLIENTS = 8  # the README's load (docs/performance.md: 8 concurrent clients)
 
 
-def train(cache: Path, epochs: int) -> None:
-    """One training of params.yaml's model on `cache` for `epochs` epochs, validation included."""
-    settings = dataclasses.replace(SHIPPED.train, max_epochs=epochs, min_epochs=1, accelerator="cpu")
+def train(cache: Path, epochs: int, threads: str) -> None:
+    """One training of params.yaml's model on `cache` for `epochs` epochs with train.threads `threads`, validation
+    included."""
+    settings = dataclasses.replace(
+        SHIPPED.train, max_epochs=epochs, min_epochs=1, accelerator="cpu", threads=threads_setting(threads)
+    )
     torch.manual_seed(settings.seed)
     data = PairedDataModule(cache, per_process_batch(settings), SHIPPED.loader)
     module = Pix2Pix(
@@ -75,10 +79,15 @@ def train(cache: Path, epochs: int) -> None:
     build_trainer(settings).fit(module, datamodule=data)
 
 
-def trainings_seconds(caches: list[Path], epochs: int) -> float:
-    """Wall seconds until a training of each of `caches`, started together, has finished."""
+def threads_setting(text: str) -> str | int:
+    return int(text) if text.isdigit() else text
+
+
+def trainings_seconds(caches: list[Path], epochs: int, threads: str) -> float:
+    """Wall seconds until a training of each of `caches` (train.threads `threads`), started together, has finished."""
     start = time.perf_counter()
-    command = [sys.executable, "-m", "benchmarks.shared_machine", "--epochs", str(epochs), "--train"]
+    command = [sys.executable, "-m", "benchmarks.shared_machine", "--epochs", str(epochs), "--threads", threads]
+    command += ["--train"]
     processes = [subprocess.Popen([*command, str(cache)], stdout=subprocess.DEVNULL) for cache in caches]
     if any(process.wait() for process in processes):
         raise SystemExit("a training failed")
@@ -132,18 +141,18 @@ def rest_alone(load: RestLoad, requests: int) -> float:
     return load.stop()
 
 
-def beside_rest(load: RestLoad, cache: Path, epochs: int, p99s: list[float]) -> float:
+def beside_rest(load: RestLoad, cache: Path, epochs: int, threads: str, p99s: list[float]) -> float:
     load.start()
     try:
-        seconds = trainings_seconds([cache], epochs)
+        seconds = trainings_seconds([cache], epochs, threads)
     finally:
         p99s.append(load.stop())
     return seconds
 
 
-def beside_busy(count: int, cache: Path, epochs: int) -> float:
+def beside_busy(count: int, cache: Path, epochs: int, threads: str) -> float:
     with busy_processes(count):
-        return trainings_seconds([cache], epochs)
+        return trainings_seconds([cache], epochs, threads)
 
 
 def by_round(records: list[dict]) -> list[dict[str, dict]]:
@@ -218,12 +227,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=8, help="epochs of each timed training")
     parser.add_argument("--requests", type=int, default=25, help="requests per client of the REST load alone")
+    parser.add_argument(
+        "--threads", default=str(SHIPPED.train.threads), help="the trainings' train.threads: cores, auto or a count"
+    )
     parser.add_argument("--smoke", action="store_true", help="one round, one epoch, tiny data: does it run")
     parser.add_argument("--train", type=Path, help=argparse.SUPPRESS)  # a training process of this benchmark
     add_report_option(parser, "shared_machine", "{json,png}")
     args = parser.parse_args()
     if args.train:
-        return train(args.train, args.epochs)
+        return train(args.train, args.epochs, args.threads)
     size, warmup = SHIPPED.preprocess.image_size, 1
     pairs = SHIPPED.synthesize.identities * SHIPPED.synthesize.images_per_identity  # the demo's
     if args.smoke:
@@ -239,11 +251,11 @@ def main() -> None:
             load = RestLoad(url, body)
             records = measure_rounds(
                 {
-                    ALONE: lambda: trainings_seconds(caches[:1], args.epochs),
-                    BUSY_1: lambda: beside_busy(1, caches[0], args.epochs),
-                    BUSY_2: lambda: beside_busy(2, caches[0], args.epochs),
-                    REST: lambda: beside_rest(load, caches[0], args.epochs, p99s_beside),
-                    PROJECTS: lambda: trainings_seconds(caches, args.epochs),
+                    ALONE: lambda: trainings_seconds(caches[:1], args.epochs, args.threads),
+                    BUSY_1: lambda: beside_busy(1, caches[0], args.epochs, args.threads),
+                    BUSY_2: lambda: beside_busy(2, caches[0], args.epochs, args.threads),
+                    REST: lambda: beside_rest(load, caches[0], args.epochs, args.threads, p99s_beside),
+                    PROJECTS: lambda: trainings_seconds(caches, args.epochs, args.threads),
                     REST_ALONE: lambda: rest_alone(load, args.requests),
                 },
                 args.rounds,
@@ -254,7 +266,7 @@ def main() -> None:
         "images_per_training": images,
         "clients": CLIENTS,
         "model": {"size": size, "ngf": SHIPPED.model.generator_settings["ngf"], "batch_size": SHIPPED.train.batch_size},
-        "threads": SHIPPED.train.threads,
+        "threads": threads_setting(args.threads),
         "rounds": records,
     }
     stem = result_stem(args.report, args.out)

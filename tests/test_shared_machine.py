@@ -35,9 +35,10 @@ def test_each_configuration_is_set_against_the_training_alone_in_its_own_round(t
 
 @pytest.mark.slow
 def test_a_smoke_run_measures_every_configuration(tmp_path, run_benchmark):
-    done = run_benchmark("shared_machine", tmp_path, "--smoke", "--out", str(tmp_path / "smoke"))
+    done = run_benchmark("shared_machine", tmp_path, "--smoke", "--threads", "auto", "--out", str(tmp_path / "smoke"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads((tmp_path / "smoke.json").read_text())
+    assert figures["threads"] == "auto"  # the trainings' setting, as asked
     assert len(figures["trainings"]) == 5 and all(f["images_per_s"] > 0 for f in figures["trainings"].values())
     assert figures["rest_p99_ms"]["alone"] > 0 and figures["rest_p99_ms"]["beside_training"] > 0
     assert_drawn(tmp_path / "smoke.png")
