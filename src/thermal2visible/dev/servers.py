@@ -59,6 +59,10 @@ def stop_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
     process.wait()
+    # a killed member stays in the group until its parent, or init once the leader is gone, has reaped it
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout_s: float) -> None:
@@ -66,7 +70,8 @@ def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout_s: float
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with code {process.returncode}; its log:\n{log.read_text()[-4000:]}")
-        with contextlib.suppress(requests.ConnectionError):
+        # not listening yet, or listening but too busy starting (a loaded machine) to answer within 2 s
+        with contextlib.suppress(requests.ConnectionError, requests.Timeout):
             if requests.get(url, timeout=2).status_code == 200:
                 return
         time.sleep(0.25)
