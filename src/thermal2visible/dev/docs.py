@@ -20,7 +20,7 @@ from dvc.dvcfile import load_file
 from dvc.repo import Repo
 
 from thermal2visible.imports import PACKAGE, part_imports
-from thermal2visible.paths import PIPELINE_FILES
+from thermal2visible.paths import DVC_YAML, PIPELINE_FILES
 
 ROOT = PACKAGE.parents[1]
 DOC = Path("docs/pipeline.md")
@@ -100,7 +100,7 @@ def stage_targets(project: Path) -> dict[str, str]:
     """Each stage of the pipeline files by its name, with the DVC target that names it (`train`,
     `data/dvc.yaml:synthesize`)."""
     return {
-        name: name if pipeline == Path("dvc.yaml") else f"{pipeline}:{name}"
+        name: name if pipeline == DVC_YAML else f"{pipeline}:{name}"
         for pipeline in PIPELINE_FILES
         for name in yaml.safe_load((project / pipeline).read_text())["stages"]
     }
