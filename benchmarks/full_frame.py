@@ -28,7 +28,7 @@ from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import raw_pairs
 from thermal2visible.paths import CACHE, ONNX
 from thermal2visible.data.preprocess import prepare_thermal
-from thermal2visible.inference.export import median_latency_ms
+from thermal2visible.onnx_export import median_latency_ms
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.pixels import from_model, nhwc, to_model, unit

@@ -423,7 +423,7 @@ def exported(check: Check) -> dict:
     run by onnxruntime (CUDA provider where it is installed) against torch on the run's device."""
     import onnxruntime as ort
 
-    from thermal2visible.inference.export import cache_to_model_input, check_parity, export_generator
+    from thermal2visible.onnx_export import cache_to_model_input, check_parity, export_generator
     from thermal2visible.inference.session import onnx_session, run_onnx
     from thermal2visible.models.payloads import load_generator, save_generator
 
@@ -473,8 +473,8 @@ def served(check: Check) -> dict:
     from PIL import Image
 
     from thermal2visible.dev.servers import model_server
-    from thermal2visible.inference.packing import pyfunc_arguments
-    from thermal2visible.inference.serving import ServedLimits
+    from thermal2visible.registry.packing import pyfunc_arguments
+    from thermal2visible.inference.request_budget import ServedLimits
 
     model_dir = check.scratch / "pyfunc"
     with pyfunc_arguments(check.trained["onnx"], ServedLimits.of(check.params.serve)) as arguments:

@@ -59,7 +59,7 @@ from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summari
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
 from thermal2visible.dev.servers import model_server  # noqa: E402
-from thermal2visible.inference.export import (
+from thermal2visible.onnx_export import (
     cache_to_model_input,
     export_generator,
     quantize_int8,  # noqa: E402
@@ -68,8 +68,9 @@ from thermal2visible.inference.export import (
 from thermal2visible.models.generator import ConvSettings  # noqa: E402
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
 from thermal2visible.models.networks import build_generator, saved_config  # noqa: E402
-from thermal2visible.inference.serving import IMAGE, ServedLimits  # noqa: E402
-from thermal2visible.inference.packing import pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE  # noqa: E402
+from thermal2visible.registry.packing import pyfunc_arguments  # noqa: E402
 from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
 from thermal2visible.training.precision import cpu_has_native_bf16  # noqa: E402
 

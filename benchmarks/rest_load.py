@@ -39,11 +39,12 @@ from benchmarks.common import SHIPPED, add_report_option, result_file, result_st
 from benchmarks.rounds import measure_rounds, ratio_text, summarize  # noqa: E402
 from benchmarks.inference import request_frame  # noqa: E402  (the frame the inference benchmark sends)
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
-from thermal2visible.inference.export import export_generator  # noqa: E402
+from thermal2visible.onnx_export import export_generator  # noqa: E402
 from thermal2visible.models.generator import ConvSettings  # noqa: E402
 from thermal2visible.models.generators.unet import UNetGenerator  # noqa: E402
-from thermal2visible.inference.serving import IMAGE, ServedLimits  # noqa: E402
-from thermal2visible.inference.packing import pyfunc_arguments  # noqa: E402
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE  # noqa: E402
+from thermal2visible.registry.packing import pyfunc_arguments  # noqa: E402
 
 from thermal2visible.dev.servers import model_server  # noqa: E402
 

@@ -18,39 +18,37 @@ Usage: python -m benchmarks.shared_machine [--rounds 3] [--epochs 8] [--requests
        [--report NAME] [--out PATH]
 """
 
-import thermal2visible.training.shared_cores  # noqa: F401  (first: sets OpenMP's spin before torch loads)
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
-from benchmarks.common import SHIPPED, add_report_option, machine_text, result_file, result_stem, synthetic_cache  # noqa: E402
-from benchmarks.common import write_report  # noqa: E402
-from benchmarks.inference import request_frame  # noqa: E402
-from benchmarks.rest_load import client, served_model  # noqa: E402
-from benchmarks.rounds import measure_rounds  # noqa: E402
-from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
-from thermal2visible.dev.servers import model_server  # noqa: E402
-from thermal2visible.inference.serving import IMAGE  # noqa: E402
-from thermal2visible.models.networks import build_networks  # noqa: E402
-from thermal2visible.training.module import Pix2Pix  # noqa: E402
-from thermal2visible.training.trainer import build_trainer, per_process_batch  # noqa: E402
+from benchmarks.common import SHIPPED, add_report_option, machine_text, result_file, result_stem, synthetic_cache
+from benchmarks.common import write_report
+from benchmarks.inference import request_frame
+from benchmarks.rest_load import client, served_model
+from benchmarks.rounds import measure_rounds
+from thermal2visible.data.datamodule import PairedDataModule
+from thermal2visible.dev.servers import model_server
+from thermal2visible.inference.serving import IMAGE
+from thermal2visible.models.networks import build_networks
+from thermal2visible.training.module import Pix2Pix
+from thermal2visible.training.trainer import build_trainer, per_process_batch
 
 ALONE, BUSY_1, BUSY_2, REST, PROJECTS = (
     "alone",

@@ -30,7 +30,7 @@ from thermal2visible.config.schema import Params
 from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import array_file, raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
-from thermal2visible.inference.export import run_torch
+from thermal2visible.onnx_export import run_torch
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.metrics import (
     full_frame_psnr,

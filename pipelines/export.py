@@ -18,7 +18,7 @@ import torch
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import Params
-from thermal2visible.inference.export import (
+from thermal2visible.onnx_export import (
     cache_to_model_input,
     check_parity,
     export_generator,

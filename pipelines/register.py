@@ -5,7 +5,7 @@ DVC runs this stage every time (`always_changed`): its effect lives in the store
 cannot see. It adds only what is missing, each found by the content it describes (tracking.publish):
 the run that trained models/generator.pt, the evaluation run of metrics/eval.json, and a version holding this
 .onnx file (found by its sha256: a second run adds none). A new version's registered model is
-`register.model_name` (`auto`: one per dataset, inference.registry.registered_model_name); it becomes
+`register.model_name` (`auto`: one per dataset, registry.gate.registered_model_name); it becomes
 `champion` when the export's parity check passed and, scored on this cache's test frames at full size by the same
 code (inference.frames.translate_frame), it is at least as good as the current champion scored on the same frames
 (when the champion was trained on other data: on those of the frames it never trained on); otherwise `challenger`.
@@ -31,9 +31,9 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import Params
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import translate_frame
-from thermal2visible.inference.registered import load_registered
+from thermal2visible.registry.version_files import load_registered
 from thermal2visible.metrics import full_frame_psnr
-from thermal2visible.inference.registry import (
+from thermal2visible.registry.gate import (
     ONNX_DIGEST,
     Registered,
     current_alias,
@@ -41,20 +41,13 @@ from thermal2visible.inference.registry import (
     registered_model_name,
     registered_version,
 )
-from thermal2visible.inference.serving import ServedLimits, ThermalToVisible
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import ThermalToVisible
 from thermal2visible.inference.session import RunTimeLimit, exported_settings, onnx_session, run_onnx
 from thermal2visible.records import read_record
 from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run
-from thermal2visible.tracking.store import (
-    GENERATOR_DIGEST,
-    data_hash,
-    file_digest,
-    git_tags,
-    logging_into,
-    start_run,
-    store_lock,
-    tracking_uri,
-)
+from thermal2visible.tracking.runs import git_tags, logging_into, start_run
+from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, store_lock, tracking_uri
 from thermal2visible.paths import (
     CACHE,
     EVAL_METRICS,
@@ -72,12 +65,14 @@ class CachedTestFrames:
     served) and what a registered model trained on.
 
     `score` runs a registered model on them through the serving code (inference.frames.translate_frame);
-    `trained_on` reads the training manifest packed with a model (inference.packing.pyfunc_arguments), so the gate
+    `trained_on` reads the training manifest packed with a model (registry.packing.pyfunc_arguments), so the gate
     can leave out the frames a champion trained on when the data changed."""
 
     def __init__(self, cache: Path, experiment: str, max_pixels: int, max_model_pixels: int, max_run_seconds: float):
         self.scratch = tempfile.TemporaryDirectory()  # the downloaded versions, removed with this object
-        self.experiment = experiment  # a version from elsewhere is refused before it is scored (registered.py)
+        self.experiment = (
+            experiment  # a version from elsewhere is refused before it is scored (registry/version_files.py)
+        )
         self.limits = (max_pixels, max_model_pixels, max_run_seconds)
         tests = [source for source in load_manifest(cache)["sources"] if source["split"] == "test"]
         if not tests:

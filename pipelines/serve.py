@@ -3,12 +3,12 @@
     python pipelines/serve.py [--model models:/thermal2visible-portrait@champion] [--set serve.port=5002]
 
 (`make serve [PORT=5002] [MODEL=...]` runs it.) The default model is the champion of the registered model that
-params.yaml's data go to (inference.registry.registered_model_name). The server is the one `mlflow models serve`
+params.yaml's data go to (registry.gate.registered_model_name). The server is the one `mlflow models serve`
 runs, in this environment, behind an edge that bounds what it reads (inference.edge) and with each request run by a
 worker process under OS limits (inference.workers): serve.workers, worker_memory_mib, max_request_bytes,
 body_read_timeout_s, body_deadline_s, max_bodies_in_flight and max_connections are this server's; the request budget
-travels inside the model (inference.serving.ServedLimits). MLflow's MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT (seconds,
-default 60) sets the request timeout, which the workers' wall clock follows."""
+travels inside the model (inference.request_budget.ServedLimits). MLflow's MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
+(seconds, default 60) sets the request timeout, which the workers' wall clock follows."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import argparse
 
 from thermal2visible.cli import run_stage
 from thermal2visible.config.schema import Params
-from thermal2visible.inference.registered import trusted_model_uri
-from thermal2visible.inference.registry import CHAMPION, registered_model_name
+from thermal2visible.registry.version_files import trusted_model_uri
+from thermal2visible.registry.gate import CHAMPION, registered_model_name
 from thermal2visible.inference.rest import serve
 
 

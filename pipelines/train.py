@@ -10,7 +10,7 @@ Under DDP (train.devices x train.num_nodes > 1) every process runs this script; 
 """
 
 # first, before torch loads OpenMP: it sets OpenMP's spin for trainings that share the cores
-import thermal2visible.training.shared_cores  # noqa: F401
+import thermal2visible.training.turns  # noqa: F401
 
 import csv
 import hashlib
@@ -20,6 +20,8 @@ import shutil
 import signal
 import socket
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from lightning.pytorch import seed_everything
 from lightning.pytorch.utilities import rank_zero_only
@@ -27,21 +29,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
-from thermal2visible.config.schema import Params
+from thermal2visible.config.schema import Params, TrainConfig
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.payloads import load_recognizer
-from thermal2visible.tracking.exactly_once import CheckpointedMLFlowLogger, MetricsInCheckpoint
+from thermal2visible.tracking.checkpointed_logger import CheckpointedMLFlowLogger, MetricsInCheckpoint
 from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
 from thermal2visible.tracking.publish import TRAINING_SECTIONS
-from thermal2visible.tracking.store import (
-    GENERATOR_DIGEST,
-    close_abandoned_runs,
-    continued_run,
-    data_hash,
-    file_digest,
-    log_artifact,
-    start_run,
-)
+from thermal2visible.tracking.runs import close_abandoned_runs, continued_run, log_artifact, start_run
+from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.job import decide_resume
 from thermal2visible.training.module import Pix2Pix
@@ -146,18 +141,43 @@ def main(params: Params) -> None:
         train(params, device, data, recognizer, cache_hash, fingerprint)
 
 
+@dataclass
+class Run:
+    """The MLflow run a training logs to (a logger on every rank, with a run id on rank 0) and the checkpoint it
+    continues, if any."""
+
+    logger: CheckpointedMLFlowLogger
+    resume_from: Path | None
+    fingerprint: str
+
+
+@dataclass
+class Fitted:
+    """What a finished fit leaves rank 0: the stopping decision (with its history) and the fit's wall time."""
+
+    stop: PsnrEarlyStopping
+    seconds: float
+
+
 def train(
     params: Params, device: RunDevice, data: PairedDataModule, recognizer, cache_hash: str, fingerprint: str
 ) -> None:
     """The training itself, on the process that holds checkpoints/ (and its DDP peers)."""
-    t = params.train
+    run = start_training_run(params, device, fingerprint)
+    fitted = fit(params, device, data, recognizer, cache_hash, run)
+    if fitted is not None:
+        keep(params.train, fitted, run)
+
+
+def start_training_run(params: Params, device: RunDevice, fingerprint: str) -> Run:
+    """Whether this run continues a checkpoint (rank 0 decides), and the MLflow run it logs to: the continued run's,
+    or a new one."""
     resume_from, run_id = decide_resume(
-        CHECKPOINTS, fingerprint, t.resume, process_group_backend(device.accelerator), stale=[BEST_GENERATOR]
+        CHECKPOINTS, fingerprint, params.train.resume, process_group_backend(device.accelerator), stale=[BEST_GENERATOR]
     )
     if rank_zero_only.rank == 0:
         run_id = continued_run(run_id, fingerprint, resume_from) if resume_from else None
         close_abandoned_runs(keep=run_id)
-
     logger = start_run(
         params,
         "train",
@@ -170,14 +190,22 @@ def train(
             "device": device.accelerator,
             "precision": device.precision,
             "memory_format": device.memory_format,
-            "world_size": str(world_size(t)),
+            "world_size": str(world_size(params.train)),
         },
     )
     if logger.run_id:  # rank 0; a continued run gets its new process's: what a later start checks to close this
         # run as KILLED if its process died before it finished
         for key, value in {"host": socket.gethostname(), "pid": str(os.getpid())}.items():
             logger.experiment.set_tag(logger.run_id, key, value)
-    manifest = data.manifest
+    return Run(logger, resume_from, fingerprint)
+
+
+def fit(
+    params: Params, device: RunDevice, data: PairedDataModule, recognizer, cache_hash: str, run: Run
+) -> Fitted | None:
+    """Pix2Pix fitted with every callback of the stage until early stopping, the epoch limit or the time budget
+    ends it; None on every rank but 0. A SIGTERM or Ctrl-C stops it as a PipelineError that says how to continue."""
+    t, manifest = params.train, data.manifest
     module = Pix2Pix(
         *build_networks(params.model, manifest["image_size"], data.thermal_channels, data.visible_channels),
         t,
@@ -189,31 +217,30 @@ def train(
         params.early_stop.window,
         params.early_stop.patience,
         best_path=BEST_GENERATOR,
-        metadata={"preprocess": manifest["preprocess"], "fingerprint": fingerprint, "data_hash": cache_hash},
+        metadata={"preprocess": manifest["preprocess"], "fingerprint": run.fingerprint, "data_hash": cache_hash},
     )
     trainer = build_trainer(
         t,
         device,
-        logger=logger,
+        logger=run.logger,
         callbacks=[
             stop,
             EpochLine(stop),
             ImageGridLogger(t.image_log_every),
-            MetricsInCheckpoint(logger),
-            *checkpointing(CHECKPOINTS, fingerprint, logger.run_id),
-            ResumeAgreement(resume_from),
+            MetricsInCheckpoint(run.logger),
+            *checkpointing(CHECKPOINTS, run.fingerprint, run.logger.run_id),
+            ResumeAgreement(run.resume_from),
         ],
     )
-
     started = time.perf_counter()
     ctrl_c = CtrlC()
     try:
-        trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+        trainer.fit(module, datamodule=data, ckpt_path=run.resume_from, weights_only=True)
     except SIGTERMException:
         # Lightning stops after the current batch; the epoch it was in is redone (its loader cannot resume mid-way)
         done = len(stop.history)
-        if logger.run_id:  # Lightning closed it as FAILED: it was stopped, and a later run continues it
-            logger.experiment.set_terminated(logger.run_id, "KILLED")
+        if run.logger.run_id:  # Lightning closed it as FAILED: it was stopped, and a later run continues it
+            run.logger.experiment.set_terminated(run.logger.run_id, "KILLED")
         raise PipelineError(
             f"stopped by {'Ctrl-C' if ctrl_c.pressed else 'SIGTERM'} after epoch {done}; "
             + (
@@ -227,9 +254,12 @@ def train(
             f"train: rank {trainer.global_rank} of {trainer.world_size} stopped at epoch {len(stop.history)}; "
             f"generator weights {weights_digest(module.generator)}"
         )
-    if not trainer.is_global_zero:
-        return
-    seconds = time.perf_counter() - started
+    return Fitted(stop, time.perf_counter() - started) if trainer.is_global_zero else None
+
+
+def keep(t: TrainConfig, fitted: Fitted, run: Run) -> None:
+    """The best epoch's generator published as models/generator.pt with the stage's record, and on the MLflow run."""
+    stop, logger = fitted.stop, run.logger
     # only a time budget ends a run before the window fills (config refuses max_epochs < it)
     if not BEST_GENERATOR.is_file():
         raise PipelineError(
@@ -239,7 +269,7 @@ def train(
         )
     summary = write_outputs(stop)
     # a tag, not a metric: every metric of the run is a per-epoch curve (the Trainer has finalized the logger anyway)
-    logger.experiment.set_tag(logger.run_id, "train_seconds", f"{seconds:.1f}")
+    logger.experiment.set_tag(logger.run_id, "train_seconds", f"{fitted.seconds:.1f}")
     # what the register stage finds this run by: the weights it wrote, not its settings (a torchrun job and a DVC
     # run of the same params.yaml write different weights under one fingerprint)
     logger.experiment.set_tag(logger.run_id, GENERATOR_DIGEST, file_digest(GENERATOR))
@@ -248,8 +278,8 @@ def train(
     print(
         f"train: best smoothed PSNR {summary['best_psnr_smoothed']:.2f} dB at epoch {summary['best_epoch']} "
         f"(raw {summary['best_psnr']:.2f} dB); stopped at epoch {summary['stopped_epoch']} of at most "
-        f"{t.max_epochs}; {seconds:.0f} s; {GENERATOR} written (fingerprint {fingerprint})"
-        + (f" (continued from {resume_from})" if resume_from else "")
+        f"{t.max_epochs}; {fitted.seconds:.0f} s; {GENERATOR} written (fingerprint {run.fingerprint})"
+        + (f" (continued from {run.resume_from})" if run.resume_from else "")
     )
 
 

@@ -18,7 +18,7 @@ from thermal2visible.data.cache import array_file
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.payloads import save_recognizer
 from thermal2visible.models.recognizer import IdentityRecognizer
-from thermal2visible.tracking.store import log_artifact, start_run
+from thermal2visible.tracking.runs import log_artifact, start_run
 from thermal2visible.training.precision import resolve_accelerator
 from thermal2visible.paths import CACHE, RECOGNIZER, RECOGNIZER_METRICS
 from thermal2visible.records import write_record

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.config.load import load_params
 from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
-from thermal2visible.inference.registered import load_registered, model_of_files
+from thermal2visible.registry.version_files import load_registered, model_of_files
 from thermal2visible.inference.session import RunTimeLimit
 from thermal2visible.inference.serving import IMAGE, ThermalToVisible, to_base64
 from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
@@ -44,7 +44,7 @@ def load_model(
     model: str, experiment: str | None, max_pixels: int, max_model_pixels: int, max_run_seconds: float, scratch: Path
 ) -> ThermalToVisible:
     """The installed serving code around a .onnx file, or around the ONNX file of a registered model, fetched as
-    data (inference.registered) once it is trusted as coming from `experiment`: no code from the registry runs
+    data (registry.version_files) once it is trusted as coming from `experiment`: no code from the registry runs
     here."""
     if model.endswith(".onnx"):
         if not Path(model).is_file():

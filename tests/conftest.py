@@ -24,6 +24,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     _turns.mkdir(mode=0o700, exist_ok=True)
     os.environ["XDG_RUNTIME_DIR"] = str(_turns)
 
+import thermal2visible.training.turns  # noqa: E402, F401 (before torch: OpenMP's short idle spin, as train.py has it)
 from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402

@@ -22,7 +22,7 @@ from thermal2visible.dev.servers import mlflow_server, model_server
 from shipped import SHIPPED, shipped
 from tiny_model import export_tiny, register_tiny
 
-from thermal2visible.inference.serving import ServedLimits, max_encoded_length
+from thermal2visible.inference.request_budget import ServedLimits, max_encoded_length
 
 pytestmark = pytest.mark.slow
 MAX_PIXELS = 100_000  # served model

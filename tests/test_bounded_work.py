@@ -23,8 +23,9 @@ from shipped import shipped
 from tiny_model import export_tiny
 
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, memory_mib, model_server
-from thermal2visible.inference.packing import pyfunc_arguments
-from thermal2visible.inference.serving import IMAGE, ServedLimits, png_bytes, to_base64
+from thermal2visible.registry.packing import pyfunc_arguments
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE, png_bytes, to_base64
 
 pytestmark = [
     pytest.mark.slow,

@@ -14,7 +14,7 @@ from thermal2visible.config.schema import SECTIONS
 from thermal2visible.config.stored import marked, stored_section, weight_defining
 from thermal2visible.errors import ConfigError
 from thermal2visible.models.networks import check_networks
-from thermal2visible.experiment import dvc_command
+from thermal2visible.exp_run import dvc_command
 
 REPO_PARAMS = SHIPPED_FROM
 
@@ -125,10 +125,16 @@ def test_the_generator_and_discriminator_scales_fit_the_image_size(overrides, re
     [
         ("model.generator=vae", "model.generator: 'vae' is not one of ['resnet', 'unet']"),
         ("model.discriminator=critic", "model.discriminator: 'critic' is not one of ['patchgan']"),
-        ("model.generator_settings.depth=4", "model.generator_settings.depth: Unexpected keyword argument"),
-        ("model.discriminator_settings.depth=4", "model.discriminator_settings.depth: Unexpected keyword argument"),
-        ("model.generator_settings.dropout=1", "model.generator_settings.dropout: Input should be less than 1"),
-        ("model.discriminator_settings.scales=4", "model.discriminator_settings.scales: Input should be 1, 2 or 3"),
+        (
+            "model.generator_settings.depth=4",
+            "model.generator_settings.depth: unknown key (known keys: dropout, ngf, norm)",
+        ),
+        ("model.discriminator_settings.depth=4", "model.discriminator_settings.depth: unknown key (known keys:"),
+        (
+            "model.generator_settings.dropout=1",
+            "model.generator_settings.dropout: 1 must be < 1 (model.generator: unet)",
+        ),
+        ("model.discriminator_settings.scales=4", "model.discriminator_settings.scales: 4 is not one of [1, 2, 3]"),
     ],
 )
 def test_a_network_kind_or_setting_that_is_not_there_is_named(override, refusal):
@@ -159,7 +165,7 @@ def test_every_preset_loads_and_changes_what_it_names(preset):
 
 
 def test_a_preset_survives_a_shell_split_as_dvc_exp_run_settings():
-    """thermal2visible.experiment takes settings as one space-separated string (MLproject's `set`): a preset's
+    """thermal2visible.exp_run takes settings as one space-separated string (MLproject's `set`): a preset's
     settings must split back into the same ones."""
     settings = preset_overrides("params/paper_gpu.yaml")
     command = dvc_command("all", " ".join(settings).split())

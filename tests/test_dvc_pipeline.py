@@ -121,7 +121,7 @@ def test_stage_deps_follow_a_new_import_and_keep_data_deps_and_explained_extras(
         *folders,
         "src/thermal2visible/served_by_hand.py",
     }
-    assert "src/thermal2visible/inference/export.py" in deps and "src/thermal2visible/stale.py" not in deps
+    assert "src/thermal2visible/onnx_export.py" in deps and "src/thermal2visible/stale.py" not in deps
     assert "# read as a file, not imported" in derived(stage)
 
 

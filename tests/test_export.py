@@ -18,7 +18,7 @@ from tiny_model import save_tiny_generator
 from shipped import SHIPPED_FROM
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.load import load_params
-from thermal2visible.inference.export import cache_to_model_input, check_parity, export_generator, run_torch
+from thermal2visible.onnx_export import cache_to_model_input, check_parity, export_generator, run_torch
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT

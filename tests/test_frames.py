@@ -16,7 +16,7 @@ from skimage.transform import resize
 from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.data.preprocess import crop_box, normalise_frame, prepare_thermal
-from thermal2visible.inference.export import run_torch
+from thermal2visible.onnx_export import run_torch
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.models.generator import ConvSettings
 from thermal2visible.models.generators.unet import UNetGenerator

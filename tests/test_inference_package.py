@@ -3,7 +3,7 @@ model, which packs serving.py and what it imports (packing.packed_files), carrie
 registered model is loaded alone in tests/test_serving.py.)"""
 
 from thermal2visible.imports import PACKAGE, import_closure
-from thermal2visible.inference.packing import packed_files
+from thermal2visible.registry.packing import packed_files
 
 INFERENCE = PACKAGE / "inference"
 APART_FROM = ("training", "tracking", "studies", "dev")  # subpackages the served model never needs

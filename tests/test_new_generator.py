@@ -20,8 +20,9 @@ from PIL import Image
 from shipped import shipped
 from thermal2visible.data.images import read_image
 from thermal2visible.imports import PACKAGE
-from thermal2visible.inference.serving import IMAGE, ServedLimits
-from thermal2visible.inference.packing import pyfunc_arguments
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE
+from thermal2visible.registry.packing import pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # train and export stages in subprocesses
 REPO = PACKAGE.parents[1]
@@ -163,8 +164,9 @@ def test_modules_dropped_into_the_package_pass_the_model_tests_train_export_and_
         capture_output=True,
         text=True,
     )
-    assert refused.returncode == 1 and "model.generator_settings.width: Input should be greater than or equal to 1" in (
-        refused.stderr
+    assert (
+        refused.returncode == 1
+        and "model.generator_settings.width: 0 must be >= 1 (model.generator: two_convs)" in (refused.stderr)
     )
     assert json.loads((project / "reports" / "exported.json").read_text())["parity_passed"] is True
 

@@ -22,9 +22,9 @@ from shipped import SHIPPED, SHIPPED_FROM, shipped
 from tiny_model import export_tiny, write_stage_record
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.inference.packing import pyfunc_arguments
-from thermal2visible.inference.registry import CHAMPION
-from thermal2visible.inference.serving import ServedLimits
+from thermal2visible.registry.packing import pyfunc_arguments
+from thermal2visible.registry.gate import CHAMPION
+from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.session import INPUT_NAME, RunTimeLimit, onnx_session, run_onnx
 from thermal2visible.paths import MANIFEST
 

@@ -1,5 +1,6 @@
-"""Each private API of thermal2visible/private_apis.py, checked on the installed library: a failure names the library,
-its version and the API, so an upgrade that changes one fails here rather than somewhere downstream without a word."""
+"""Each private API of a pinned library the project relies on (no public API does the same), checked on the installed
+library: a failure names the library, its version, the API and the code that uses it, so an upgrade that changes one
+fails here rather than somewhere downstream without a word."""
 
 import asyncio
 import importlib.metadata
@@ -13,18 +14,16 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import scoring_server
 
-from thermal2visible.private_apis import KeepsItsMessage, int8_matmul
+from benchmarks.common import int8_matmul
+from thermal2visible.inference.request_budget import ServingError
 
 
 def changed(library: str, api: str, how: str) -> str:
-    return (
-        f"{library} {importlib.metadata.version(library)}: {api} {how}; "
-        "update thermal2visible/private_apis.py (and what uses it)"
-    )
+    return f"{library} {importlib.metadata.version(library)}: {api} {how}; update what the API's name says uses it"
 
 
 def test_torch_int_mm_multiplies_int8_into_exact_int32():
-    api = "torch._int_mm (private_apis.int8_matmul)"
+    api = "torch._int_mm (benchmarks.common.int8_matmul)"
     if not callable(getattr(torch, "_int_mm", None)):
         pytest.fail(changed("torch", api, "is gone"))
     generator = torch.Generator().manual_seed(0)
@@ -42,7 +41,7 @@ class Refuses(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input, params=None):
         first = str(np.asarray(model_input).ravel()[0])  # no signature: the `inputs` list arrives as an array
-        kind = {"plain": MlflowException, "kept": KeepsItsMessage}[first.split(":")[0]]
+        kind = {"plain": MlflowException, "kept": ServingError}[first.split(":")[0]]
         raise kind("row 0: not valid base64", error_code=INVALID_PARAMETER_VALUE)
 
 
@@ -80,14 +79,14 @@ def test_mlflow_scoring_server_rewrites_messages_that_keeps_its_message_withstan
     mlflow.pyfunc.save_model(tmp_path / "model", python_model=Refuses(), pip_requirements=[])
     model = mlflow.pyfunc.load_model(str(tmp_path / "model"))
     request = "A" * 1000  # stands for a base64 image
-    api = "mlflow.pyfunc.scoring_server's rewrite of MlflowException.message (private_apis.KeepsItsMessage)"
+    api = "mlflow.pyfunc.scoring_server's rewrite of MlflowException.message (inference.request_budget.ServingError)"
 
     status, answer = served_answer(model, {"inputs": [f"plain:{request}"]})
     if status != 400 or "row 0: not valid base64" not in answer.get("message", ""):
         pytest.fail(changed("mlflow", api, f"changed: a plain MlflowException now answers {status} {answer!s:.300}"))
     if request not in answer["message"]:
-        pytest.fail(changed("mlflow", api, "is gone: the request is no longer echoed back, so KeepsItsMessage can go"))
+        pytest.fail(changed("mlflow", api, "is gone: the request is no longer echoed, so ServingError.message can go"))
 
     status, answer = served_answer(model, {"inputs": [f"kept:{request}"]})
     if (status, answer.get("message")) != (400, "row 0: not valid base64"):
-        pytest.fail(changed("mlflow", api, f"changed: KeepsItsMessage no longer keeps it ({status} {answer!s:.300})"))
+        pytest.fail(changed("mlflow", api, f"changed: ServingError no longer keeps it ({status} {answer!s:.300})"))

@@ -26,9 +26,10 @@ from thermal2visible.data.cache import build_cache
 from thermal2visible.data.images import decode_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import PipelineError
-from thermal2visible.inference.registry import CHALLENGER, CHAMPION, gate, register
-from thermal2visible.inference.serving import IMAGE, ServedLimits
-from thermal2visible.inference.packing import pyfunc_arguments
+from thermal2visible.registry.gate import CHALLENGER, CHAMPION, gate, register
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE
+from thermal2visible.registry.packing import pyfunc_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTER = ROOT / "pipelines" / "register.py"

@@ -23,8 +23,9 @@ from tiny_model import export_tiny
 from thermal2visible.data.images import BadImage, image_size
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, model_server
 from thermal2visible.inference.rest import scoring_app
-from thermal2visible.inference.serving import IMAGE, ServedLimits, Work, to_base64
-from thermal2visible.inference.packing import pyfunc_arguments
+from thermal2visible.inference.request_budget import ServedLimits, Work
+from thermal2visible.inference.serving import IMAGE, to_base64
+from thermal2visible.registry.packing import pyfunc_arguments
 
 LIMITS = ServedLimits.of(shipped("serve", max_rows=4, max_request_pixels=3_000_000, max_model_pixels=10**7))
 BODY_LIMIT = 2**20

@@ -27,8 +27,14 @@ from thermal2visible.data.images import decode_image
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.paths import PARAMS
 from thermal2visible.models.payloads import load_generator, load_recognizer
-from thermal2visible.inference.serving import ServedLimits, ServingError, bad_request, row_bytes, max_encoded_length
-from thermal2visible.inference.packing import pyfunc_arguments
+from thermal2visible.inference.request_budget import (
+    ServedLimits,
+    ServingError,
+    bad_request,
+    row_bytes,
+    max_encoded_length,
+)
+from thermal2visible.registry.packing import pyfunc_arguments
 from thermal2visible.tracking.store import tracking_uri
 from thermal2visible.training.resume import find_resume
 

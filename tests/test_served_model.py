@@ -4,6 +4,8 @@ the network runs. (The same model behind a real `mlflow models serve` is tests/t
 
 import base64
 import io
+import subprocess
+import sys
 
 import mlflow.pyfunc
 import numpy as np
@@ -15,10 +17,11 @@ from PIL import Image
 from shipped import shipped
 from thermal2visible.data.images import read_image
 from thermal2visible.inference.frames import translate_frame
-from thermal2visible.inference.serving import IMAGE, ServedLimits
-from thermal2visible.inference.packing import pyfunc_arguments
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE
 from thermal2visible.inference.session import exported_settings, onnx_session, run_onnx
 from thermal2visible.paths import MANIFEST
+from thermal2visible.registry.packing import pyfunc_arguments, requirements
 from thermal2visible.pixels import quantise
 from tiny_model import export_tiny
 
@@ -37,7 +40,7 @@ def served(tmp_path_factory, tiny_cache):
     onnx = export_tiny(folder, tiny_cache)
     with pyfunc_arguments(onnx, LIMITS, tiny_cache / MANIFEST) as arguments:
         mlflow.pyfunc.save_model(str(folder / "pyfunc"), **arguments)
-    return mlflow.pyfunc.load_model(str(folder / "pyfunc")), onnx
+    return mlflow.pyfunc.load_model(str(folder / "pyfunc")), onnx, folder / "pyfunc"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def face(tiny_cache) -> np.ndarray:
 
 
 def test_the_served_model_gives_the_pixels_of_its_onnx_session(served, face):
-    model, onnx = served
+    model, onnx, _ = served
     reply = model.predict(pd.DataFrame({IMAGE: [png(face)]}))[IMAGE][0]
     pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(reply))))
     session = onnx_session(onnx)
@@ -59,7 +62,7 @@ def test_the_served_model_gives_the_pixels_of_its_onnx_session(served, face):
 
 
 def test_work_over_the_limits_is_refused_naming_the_row_before_the_network_runs(served, face):
-    model, _ = served
+    model, _, _ = served
     wide = np.tile(face, (1, 8) + (1,) * (face.ndim - 2))  # 8 faces wide: over max_model_pixels once scaled
     over = {
         "3 images in one request; serve.max_rows allows 2": [face] * 3,
@@ -69,3 +72,51 @@ def test_work_over_the_limits_is_refused_naming_the_row_before_the_network_runs(
         with pytest.raises(MlflowException) as refused:
             model.predict(pd.DataFrame({IMAGE: [png(frame) for frame in frames]}))
         assert refused.value.get_http_status_code() == 400 and phrase in refused.value.message
+
+
+# Run in a fresh interpreter: the served model loads and translates while every import of a library that is neither
+# one of its requirements nor something they depend on fails, as it would where only those requirements are installed.
+ONLY_ITS_REQUIREMENTS = """
+import importlib.metadata, re, sys
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+def canonical(name): return re.sub(r"[-_.]+", "-", name).lower()
+environment = default_environment() | {"extra": ""}
+allowed, todo = set(), [Requirement(line) for line in open(sys.argv[2]).read().split()]
+while todo:
+    requirement = todo.pop()
+    if canonical(requirement.name) in allowed or (requirement.marker and not requirement.marker.evaluate(environment)):
+        continue
+    allowed.add(canonical(requirement.name))
+    todo += [Requirement(line) for line in importlib.metadata.requires(requirement.name) or []]
+owners = importlib.metadata.packages_distributions()
+
+class OnlyRequirements:
+    def find_spec(self, name, path=None, target=None):
+        distributions = {canonical(owner) for owner in owners.get(name, [])}
+        if "." not in name and distributions and not distributions & allowed:
+            raise ImportError(f"{name} ({', '.join(sorted(distributions))}) is not among the requirements")
+
+sys.meta_path.insert(0, OnlyRequirements())
+import base64, mlflow.pyfunc, pandas
+model = mlflow.pyfunc.load_model(sys.argv[1])
+frame = model.metadata.get_input_example()  # the model's own input example: a frame of the kind it was trained on
+answer = model.predict(pandas.DataFrame(frame))["image"][0]
+print("translated", len(base64.b64decode(answer)), "bytes;", "torch" in sys.modules, "torch")
+"""
+
+
+def test_the_served_model_runs_with_its_requirements_alone(served):
+    _, _, folder = served
+    listed = (folder / "requirements.txt").read_text().split()
+    assert sorted(line for line in listed if not line.startswith("-")) == requirements()
+    assert not {"pyyaml", "torch", "lightning"} & {name.split("==")[0].lower() for name in requirements()}
+    result = subprocess.run(
+        [sys.executable, "-c", ONLY_ITS_REQUIREMENTS, str(folder), str(folder / "requirements.txt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "translated" in result.stdout and "False torch" in result.stdout

@@ -31,8 +31,9 @@ from thermal2visible.data.images import read_image
 from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT, MANIFEST
 from thermal2visible.records import read_record
 from thermal2visible.imports import PACKAGE
-from thermal2visible.inference.serving import IMAGE, ServedLimits, png_bytes, to_base64
-from thermal2visible.inference.packing import packed_files, pyfunc_arguments
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE, png_bytes, to_base64
+from thermal2visible.registry.packing import packed_files, pyfunc_arguments
 
 pytestmark = pytest.mark.slow  # real mlflow server / models serve processes
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,7 +271,7 @@ def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(
         name
         for name in packed
         if name.split("/")[0] in ("training", "tracking", "studies", "dev")
-        or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "experiment.py", "cli.py")
+        or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "exp_run.py", "cli.py")
     ]
     done = subprocess.run(
         [sys.executable, "-c", IMPORTED, str(local), FRAMES[0]], capture_output=True, text=True, timeout=120

@@ -13,7 +13,7 @@ import torch
 from tiny_model import export_tiny
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.inference.registered import model_of_files
+from thermal2visible.registry.version_files import model_of_files
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import MANIFEST
 
@@ -60,14 +60,17 @@ def set_image_size(size):
         (set_image_size(17), "metadata image_size 17: the graph cannot run on one 17x17 square"),
         (set_image_size(4096), "metadata image_size 4096: one 4096x4096 square is over max_model_pixels 1000000"),
         (set_preprocess("image_size", -64), "preprocess.image_size: Input should be greater than or equal to 16"),
-        (lambda metadata: metadata.__setitem__("image_size", 1), "metadata image_size: Input should be greater"),
+        (lambda metadata: metadata.__setitem__("image_size", 1), "metadata image_size: 1 must be >= "),
         (
             lambda metadata: metadata["preprocess"].pop("thermal_norm"),
-            "metadata preprocess.thermal_norm: Field required",
+            "metadata preprocess.thermal_norm: missing (the export stage writes every key",
         ),
-        (lambda metadata: metadata.pop("preprocess"), "metadata preprocess: Field required"),
+        (
+            lambda metadata: metadata.pop("preprocess"),
+            "metadata preprocess: missing (the export stage writes every key",
+        ),
         (lambda metadata: metadata.__setitem__("in_channels", 3), "metadata in_channels 3 but the graph's thermal"),
-        (lambda metadata: metadata.__setitem__("in_channels", "1"), "metadata in_channels: Input should be 1 or 3"),
+        (lambda metadata: metadata.__setitem__("in_channels", "1"), "metadata in_channels: '1' is not one of [1, 3]"),
     ],
 )
 def test_a_tampered_setting_is_refused_naming_the_file_key_and_value(exported, tmp_path, change, named):

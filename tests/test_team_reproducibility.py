@@ -30,7 +30,7 @@ from conftest import make_project
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.dev.servers import free_port, mlflow_server, quiet_env, running
-from thermal2visible.inference.registry import CHAMPION, registered_model_name
+from thermal2visible.registry.gate import CHAMPION, registered_model_name
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT, LAYOUT
 from thermal2visible.records import read_record

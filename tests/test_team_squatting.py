@@ -1,7 +1,7 @@
 """Squatting on docs/team.md's server: a READ user creates a registered model name nobody created yet (MLflow makes
 her its MANAGE) and makes a version of her own run its champion; anyone may give a version files outside the store.
 `make serve`, translate.py and the register stage refuse such versions in one line naming the model, the version and
-the rule (inference.registered); team_users.py lists them for the admin; a version the pipeline made on the
+the rule (registry.version_files); team_users.py lists them for the admin; a version the pipeline made on the
 model the admin took over is trusted (test_team_auth.py serves one end to end). The server as in test_team_auth.py.
 """
 
@@ -18,7 +18,7 @@ from PIL import Image
 from test_team_auth import AUTH_INI, as_user, run_script
 from test_team_server import project_ready_to_register
 from thermal2visible.dev.servers import mlflow_app
-from thermal2visible.inference.registered import trusted_model_uri
+from thermal2visible.registry.version_files import trusted_model_uri
 
 pytestmark = pytest.mark.slow
 SQUATTED = "thermal2visible-flir"  # a dataset's model name the admin has not made yet

@@ -48,9 +48,9 @@ def test_busy_time_counts_the_cores_this_process_may_use_and_nothing_idle(tmp_pa
 class Decisions(threads.FreeCoreThreads):
     """The callback with a window of `others` cores busy beside it, in place of /proc's counts."""
 
-    def __init__(self, usable: int):
-        super().__init__("auto")
-        self.usable, self.changes, self.adapts = usable, 0, True
+    def __init__(self, usable: int, setting: str = "auto"):
+        super().__init__(setting)
+        self.usable, self.changes, self.adapts, self.watches, self.told = usable, 0, setting == "auto", True, False
 
     def after_window(self, others: float) -> int:
         ticks = int(others * threads.WINDOW_S * threads.TICKS_PER_S)
@@ -67,6 +67,20 @@ def test_a_busy_neighbour_takes_a_thread_until_it_leaves_and_the_count_stays_in_
         assert [callback.after_window(others) for others in (0.05, 1.0, 1.0, 0.5, 0.1, 0.55)] == [2, 1, 1, 1, 2, 2]
         assert callback.changes == 2
         assert "1 thread(s) from step 10: other processes kept 1.0 of 2 cores busy" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_thread_per_core_keeps_its_count_beside_a_busy_neighbour_and_says_once_what_auto_would_do(capsys):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        callback = Decisions(usable=2, setting="cores")
+        assert [callback.after_window(others) for others in (0.05, 1.0, 1.0, 0.1, 1.2)] == [2, 2, 2, 2, 2]
+        assert callback.changes == 0
+        said = capsys.readouterr().out
+        assert said.count("train.threads: auto follows the free cores") == 1
+        assert "other processes kept 1.0 of 2 cores busy" in said
     finally:
         torch.set_num_threads(before)
 

@@ -23,8 +23,10 @@ from thermal2visible.dev.servers import model_server
 from shipped import shipped
 from tiny_model import export_tiny
 
-from thermal2visible.inference.serving import IMAGE, ServedLimits, to_base64
-from thermal2visible.inference.packing import pyfunc_arguments
+from thermal2visible.inference.request_budget import ServedLimits
+
+from thermal2visible.inference.serving import IMAGE, to_base64
+from thermal2visible.registry.packing import pyfunc_arguments
 from thermal2visible.inference.video import translate_video
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ from thermal2visible.paths import (
     TRAIN_METRICS,
 )
 from thermal2visible.records import write_record
-from thermal2visible.inference.export import cache_to_model_input, export_generator
-from thermal2visible.inference.registry import Registered, register
+from thermal2visible.onnx_export import cache_to_model_input, export_generator
+from thermal2visible.registry.gate import Registered, register
 from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
 from thermal2visible.tracking.figures import save_psnr_curve
@@ -93,7 +93,7 @@ def write_stage_record(project: Path, models: Path, test_psnr: float, parity_err
 
 def register_tiny(model: Path, **arguments) -> Registered:
     """`register` in a `register` run of the project's experiment (params.yaml's mlflow.experiment), as the register
-    stage calls it: on a tracking server, serving trusts only versions whose run lies there (inference.registered)."""
+    stage calls it: on a tracking server, serving trusts only versions whose run lies there (registry.version_files)."""
     mlflow.set_experiment(SHIPPED.mlflow.experiment)
     with mlflow.start_run(run_name="register"):
         return register(model, **arguments)

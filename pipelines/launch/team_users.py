@@ -12,7 +12,7 @@ knows keeps their password and gets the level named here.
 
 Run it for each dataset (--set data.source=...) before anyone registers one: MLflow lets any user create a
 registered model name nobody created yet and makes them its MANAGE. A model that existed already may hold such a
-user's versions: each version the trust rule refuses (inference.registered, which `make serve`, translate.py and
+user's versions: each version the trust rule refuses (registry.version_files, which `make serve`, translate.py and
 register apply) is listed, for the admin to delete.
 """
 
@@ -29,8 +29,8 @@ from mlflow.exceptions import MlflowException
 from thermal2visible.cli import run_stage
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import ConfigError
-from thermal2visible.inference.registered import version_refusal
-from thermal2visible.inference.registry import ensure_registered_model, registered_model_name
+from thermal2visible.registry.version_files import version_refusal
+from thermal2visible.registry.gate import ensure_registered_model, registered_model_name
 from thermal2visible.tracking.store import ensure_experiment, tracking_uri
 
 

@@ -39,10 +39,10 @@ def server_refusal(error: Exception, params: Params, grant: str) -> str | None:
     user = os.environ.get("MLFLOW_TRACKING_USERNAME", "USER")
     endpoint = re.search(r"endpoint (\S+)", error.message)
     refused = f" {endpoint[1]}" if endpoint else ""
-    # the settings team_users.py names the experiment and registered model by (inference.registry's rule)
+    # the settings team_users.py names the experiment and registered model by (registry.gate's rule)
     settings = [f"data.source={params.data.source}"]
     settings += [f"synthesize.scene={params.synthesize.scene}"] if Path(params.data.source) == RAW else []
-    pinned = params.register.model_name != "auto"  # auto: named after the data (inference.registry)
+    pinned = params.register.model_name != "auto"  # auto: named after the data (registry.gate)
     settings += [f"register.model_name={params.register.model_name}"] if pinned else []
     command = " ".join([f"python {TEAM_USERS} --{grant.lower()} {user}"] + [f"--set {setting}" for setting in settings])
     return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 from thermal2visible.config.schema import Params
@@ -21,20 +22,25 @@ BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}  # a Field constraint
 MISSING_FROM_PARAMS = "params.yaml holds a value for every key; the shipped params.yaml has them all"
 
 
-def reason(problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAMS, schema: type = Params) -> str:
-    """One pydantic error of `schema` (Params, or a stage's extension of it) -> `section.key: why`, in the words a
-    params.yaml reader expects; `missing` says why a key that is absent should be there."""
-    sections = typing.get_type_hints(schema)
+def reason(
+    problem: dict, within: tuple = (), missing: str = MISSING_FROM_PARAMS, schema: type = Params, prefix: str = ""
+) -> str:
+    """One pydantic error of `schema` -> `<prefix>key: why`, in the words a params.yaml reader expects. `schema` is
+    Params (or a stage's extension of it), a section, a network's own Settings or an export's metadata; `within` is
+    where in `schema` the validated value sits, `prefix` what the message names the schema's keys under
+    ("model.generator_settings.", "metadata "), and `missing` says why a key that is absent should be there."""
     location = within + tuple(part for part in problem["loc"] if isinstance(part, str))
     if typing.get_origin(_annotation(location[:-1], schema)) is typing.Union:
         location = location[:-1]  # pydantic names the member of a union that failed: the key is what a reader needs
     inside_a_list = any(isinstance(part, int) for part in problem["loc"])
-    where, value, error_type = ".".join(location), problem["input"], problem["type"]
+    where, value, error_type = prefix + ".".join(location), problem.get("input"), problem["type"]
     annotation = _annotation(location, schema)
-    if error_type == "unexpected_keyword_argument" and len(location) == 1:
-        return f"{where}: unknown section (known: {', '.join(sections)})"
     if error_type == "unexpected_keyword_argument":
-        return f"{where}: unknown key (known keys: {', '.join(sorted(sections[location[0]].__dataclass_fields__))})"
+        parent = _annotation(location[:-1], schema)
+        known = getattr(parent, "__dataclass_fields__", {})
+        if known and all(dataclasses.is_dataclass(hint) for hint in typing.get_type_hints(parent).values()):
+            return f"{where}: unknown section (known: {', '.join(known)})"
+        return f"{where}: unknown key (known keys: {', '.join(sorted(known))})"
     if error_type == "dataclass_type":
         return f"{where}: expected a mapping of keys, got {value!r}"
     if error_type == "missing" and not inside_a_list:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import PreprocessConfig
-from thermal2visible.cores import usable_cores
+from thermal2visible.usable_cores import usable_cores
 from thermal2visible.data.align import Fit, Registration, Rig, aligned, register
 from thermal2visible.data.ingest import SPLITS, read_pair
 from thermal2visible.data.preprocess import (

@@ -26,7 +26,7 @@ from mlflow import MlflowClient
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import UI_SCREENSHOTS
 from thermal2visible.dev.servers import mlflow_app
-from thermal2visible.inference.registry import registered_model_name
+from thermal2visible.registry.gate import registered_model_name
 from thermal2visible.tracking.store import tracking_uri
 
 MODEL_TRAINING = "workflowType=machine_learning"

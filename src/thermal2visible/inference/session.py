@@ -19,12 +19,14 @@ import onnxruntime as ort
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from thermal2visible.config.messages import reason
 from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.config.stored import stored_section, upgraded
 from thermal2visible.errors import PipelineError
 
 INPUT_NAME = "thermal"
 OUTPUT_NAME = "visible"
+EXPORT_WRITES_IT = "the export stage writes every key; export the model again"
 
 
 @dataclass(frozen=True, config=ConfigDict(strict=True, extra="ignore"))  # opset, input_range: information only
@@ -71,12 +73,6 @@ def onnx_metadata(session: ort.InferenceSession) -> dict[str, object]:
     return {key: json.loads(value) for key, value in session.get_modelmeta().custom_metadata_map.items()}
 
 
-def _problem(error: dict) -> str:
-    key = ".".join(str(part) for part in error["loc"])
-    reason = error["ctx"]["error"] if error["type"] == "value_error" else error["msg"]
-    return f"metadata {key}: {reason}" + ("" if error["type"] == "missing" else f", got {error['input']!r}")
-
-
 def exported_settings(session: ort.InferenceSession, where: str) -> ExportedSettings:
     """The checked metadata of an .onnx (`where` names it in every refusal)."""
     try:
@@ -88,7 +84,11 @@ def exported_settings(session: ort.InferenceSession, where: str) -> ExportedSett
     try:
         settings = TypeAdapter(ExportedSettings).validate_json(json.dumps(metadata))
     except ValidationError as error:
-        raise PipelineError(f"{where}: " + "; ".join(_problem(problem) for problem in error.errors())) from None
+        problems = (
+            reason(problem, missing=EXPORT_WRITES_IT, schema=ExportedSettings, prefix="metadata ")
+            for problem in error.errors()
+        )
+        raise PipelineError(f"{where}: " + "; ".join(dict.fromkeys(problems))) from None
     if settings.image_size != settings.preprocess.image_size:
         raise PipelineError(
             f"{where}: metadata image_size {settings.image_size} differs from preprocess.image_size "

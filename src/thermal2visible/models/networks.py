@@ -8,6 +8,7 @@ import json
 from pydantic import TypeAdapter, ValidationError
 from torch import nn
 
+from thermal2visible.config.messages import reason
 from thermal2visible.config.schema import ModelConfig
 from thermal2visible.errors import ConfigError
 from thermal2visible.imports import package_modules
@@ -47,13 +48,9 @@ def own_settings(model: ModelConfig, role: str):
     try:
         return checked_settings(network_class(model, role), getattr(model, key))
     except ValidationError as error:
-        raise ConfigError(
-            "\n".join(
-                f"model.{key}.{'.'.join(map(str, problem['loc']))}: {problem['msg']} "
-                f"(model.{role}: {getattr(model, role)})"
-                for problem in error.errors()
-            )
-        ) from None
+        network = network_class(model, role)
+        problems = (reason(problem, schema=network.Settings, prefix=f"model.{key}.") for problem in error.errors())
+        raise ConfigError("\n".join(f"{problem} (model.{role}: {network.kind})" for problem in problems)) from None
 
 
 def checked_settings(network: type, settings: dict):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from thermal2visible.dev.servers import quiet_env
 from thermal2visible.errors import PipelineError
-from thermal2visible.experiment import dvc_command
+from thermal2visible.exp_run import dvc_command
 
 DVC = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
 UNFINISHED = ("Queued", "Running")

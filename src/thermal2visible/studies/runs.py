@@ -7,7 +7,8 @@ import statistics
 
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.tracking.store import newest_run, open_store, tracking_uri
+from thermal2visible.tracking.runs import newest_run
+from thermal2visible.tracking.store import open_store, tracking_uri
 
 
 def trained_run(

@@ -27,15 +27,8 @@ from thermal2visible.paths import (
     TRAIN_METRICS,
 )
 from thermal2visible.records import read_record
-from thermal2visible.tracking.store import (
-    GENERATOR_DIGEST,
-    file_digest,
-    log_artifact,
-    newest_run,
-    open_store,
-    start_run,
-    tracking_uri,
-)
+from thermal2visible.tracking.runs import log_artifact, newest_run, start_run
+from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest, open_store, tracking_uri
 
 EVALUATION_DIGEST = "eval_sha256"
 LOGGED_FROM_RECORD = {"logged_from": "dvc record"}

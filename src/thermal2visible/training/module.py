@@ -8,7 +8,7 @@ every process holds an equal shard of the global batch and DDP averages the grad
 per-process means is the mean over the global batch: without batch norm and random draws, two processes take the
 same step as one process with the whole batch (tests/test_ddp.py). With them, two processes differ from one as the
 paper's multi-GPU runs do: batch norm normalises each process's share, and each rank draws its own crops and dropout
-masks (resume.RandomStreams).
+masks (random_streams.RandomStreams).
 """
 
 from __future__ import annotations

@@ -9,12 +9,13 @@ With one thread fewer the run computes on the cores that are free.
 `cores` keeps a thread per usable core, as before. `auto` starts so and, while a single-process CPU run steps, it
 counts the CPU time that every other process spends on the cores it may use:
 /proc/stat's busy time of those cores less this process's own (/proc/self/stat), over its steps only. A training that
-takes turns with this one (shared_cores.TakeTurns) waits while this one steps, so it does not count. Every WINDOW_S
+takes turns with this one (turns.TakeTurns) waits while this one steps, so it does not count. Every WINDOW_S
 seconds of steps the free cores decide the count; it moves only when they are HYSTERESIS or more away from it, so a
 neighbour near half a core does not make it flap. DDP processes keep their share of the cores (GanDDPStrategy).
 
 The count shows in the epoch line (progress.EpochLine), each change in a line of its own and in the run's tags
-`threads` (the count in use) and `thread_changes`. Threads round otherwise: a reduction split over two threads adds
+`threads` (the count in use) and `thread_changes`; under `cores` a run says once when other processes keep cores
+busy, and that `auto` would follow them. Threads round otherwise: a reduction split over two threads adds
 in another order than over one (docs/training.md#threads), so a count that changes mid-run trains weights that differ
 from an idle run's at rounding level: `cores` (the default) and `N` give the same weights whatever else runs.
 """
@@ -29,7 +30,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import MLFlowLogger
 
-from thermal2visible.cores import usable_cores
+from thermal2visible.usable_cores import usable_cores
 
 WINDOW_S = 2.0  # seconds of steps per decision: /proc counts in ticks of 10 ms, so this is +-0.1 core
 HYSTERESIS = 0.6  # cores between the free cores and the count in use before the count moves
@@ -88,6 +89,9 @@ class FreeCoreThreads(Callback):
         elif on_own_cpu:
             torch.set_num_threads(self.usable)
         self.adapts = self.setting == "auto" and on_own_cpu and self.usable > 1
+        # under `cores` the same reading only tells the user, once, what auto would do
+        self.watches = self.adapts or (self.setting == "cores" and on_own_cpu and self.usable > 1)
+        self.told = False
         self.window = {"seconds": 0.0, "busy": 0, "own": 0}
         set_tags(trainer, {"threads": str(torch.get_num_threads()), "thread_changes": "0"})
 
@@ -95,11 +99,11 @@ class FreeCoreThreads(Callback):
         return time.perf_counter(), busy_ticks(self.cores), own_ticks()
 
     def on_train_batch_start(self, *hook_arguments) -> None:
-        if self.adapts:
+        if self.watches:
             self.started = self.reading()
 
     def on_train_batch_end(self, trainer, *hook_arguments) -> None:
-        if not self.adapts:
+        if not self.watches:
             return
         for key, now, then in zip(("seconds", "busy", "own"), self.reading(), self.started):
             self.window[key] += now - then
@@ -112,6 +116,17 @@ class FreeCoreThreads(Callback):
         self.window = {"seconds": 0.0, "busy": 0, "own": 0}
         count = chosen(threads, self.usable - others, self.usable)
         if count == threads:
+            return
+        if not self.adapts:
+            if not self.told:
+                self.told = True
+                print(
+                    f"training: other processes kept {others:.1f} of {self.usable} cores busy during the last "
+                    f"{window['seconds']:.1f} s of steps; with a thread per core (train.threads: cores) every step "
+                    "waits for the threads that share a core with them; train.threads: auto follows the free cores "
+                    "(its weights then differ from an idle run's at rounding level)",
+                    flush=True,
+                )
             return
         torch.set_num_threads(count)
         self.changes += 1

@@ -19,9 +19,10 @@ from thermal2visible.config.schema import Params, TrainConfig
 from thermal2visible.errors import ConfigError
 from thermal2visible.training.allocator import keep_freed_memory
 from thermal2visible.training.precision import ChannelsLast, RunDevice, run_device
-from thermal2visible.training.resume import AtomicCheckpointIO, RandomStreams
-from thermal2visible.cores import usable_cores
-from thermal2visible.training.shared_cores import TakeTurns
+from thermal2visible.training.random_streams import RandomStreams
+from thermal2visible.training.resume import AtomicCheckpointIO
+from thermal2visible.usable_cores import usable_cores
+from thermal2visible.training.turns import TakeTurns
 from thermal2visible.training.threads import FreeCoreThreads
 from thermal2visible.training.throughput import Throughput
 
@@ -129,8 +130,8 @@ def build_trainer(
     **overrides,
 ) -> Trainer:
     """A Trainer for `train` on `device` (a run passes the one it resolved; by default `run_device(train)`), with
-    per-rank random streams kept in its checkpoints (resume.RandomStreams), turns for the cores (TakeTurns), threads
-    that follow the free cores (FreeCoreThreads, after TakeTurns) and images/s logged every epoch (Throughput);
+    per-rank random streams kept in its checkpoints (RandomStreams), turns for the cores (TakeTurns), threads that
+    follow the free cores (FreeCoreThreads, after TakeTurns) and images/s logged every epoch (Throughput);
     `overrides` go to Trainer as they are (tests: limit_train_batches, ...)."""
     device = device or run_device(train)
     if train.keep_freed_memory:

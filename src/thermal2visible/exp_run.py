@@ -1,7 +1,7 @@
 """A DVC experiment of params.yaml with a preset or settings over it, refused before any stage runs when it could not
 run on this machine; also what `mlflow run . -e STAGE -P set="section.key=value ..."` runs.
 
-    python -m thermal2visible.experiment [STAGE|all] ["section.key=value ..."] [--preset FILE] [--set section.key=value]
+    python -m thermal2visible.exp_run [STAGE|all] ["section.key=value ..."] [--preset FILE] [--set section.key=value]
                                          [--queue] [--name NAME]
 
 `dvc exp run [STAGE] -S section.key=value ...` writes the settings into params.yaml, runs what changed and records
@@ -49,7 +49,7 @@ def refuse_unrunnable(settings: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     summary = __doc__.split("\n\n")[0].replace("\n", " ")  # the docstring's first sentence, whole
-    parser = argparse.ArgumentParser(prog="python -m thermal2visible.experiment", description=summary)
+    parser = argparse.ArgumentParser(prog="python -m thermal2visible.exp_run", description=summary)
     parser.add_argument(
         "stage", nargs="?", default="all", help="a stage of dvc.yaml, data/dvc.yaml:synthesize, or all (default)"
     )

@@ -5,14 +5,14 @@ import sys
 from pathlib import Path
 
 from thermal2visible.paths import PARAMS
-from thermal2visible.params_reference import REFERENCE, reference
+from thermal2visible.dev.params_page import REFERENCE, reference
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_params_reference_is_fresh():
+def test_the_params_page_is_fresh():
     assert (REPO / REFERENCE).read_text() == reference((REPO / PARAMS).read_text()), (
-        "docs/params.md is stale: run `python -m thermal2visible.params_reference`"
+        "docs/params.md is stale: run `python -m thermal2visible.dev.params_page`"
     )
 
 
@@ -21,7 +21,7 @@ def test_a_changed_comment_makes_the_check_fail(tmp_path):
     (tmp_path / REFERENCE).write_text((REPO / REFERENCE).read_text())
     text = (REPO / PARAMS).read_text()
     (tmp_path / PARAMS).write_text(text.replace("# ONNX opset", "# the ONNX opset the export writes"))
-    check = [sys.executable, "-m", "thermal2visible.params_reference", "--check"]
+    check = [sys.executable, "-m", "thermal2visible.dev.params_page", "--check"]
     stale = subprocess.run(check, cwd=tmp_path, capture_output=True, text=True)
     assert stale.returncode == 1 and "docs/params.md is stale" in stale.stderr
     subprocess.run(check[:-1], cwd=tmp_path, check=True, capture_output=True)

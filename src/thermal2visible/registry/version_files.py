@@ -28,7 +28,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import PythonModelContext
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.inference.serving import TRAINING_MANIFEST, ServedLimits, ThermalToVisible
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import TRAINING_MANIFEST, ThermalToVisible
 
 ARTIFACTS = ("onnx", TRAINING_MANIFEST)  # what a registered version holds as data; anything else it names is ignored
 REGISTRY_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:/(?P<version>[0-9]+)|@(?P<alias>[^/@]+))")

@@ -29,8 +29,8 @@ from mlflow.models import convert_input_example_to_serving_input, validate_servi
 
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
-from thermal2visible.inference.serving import ServedLimits
-from thermal2visible.inference.packing import pyfunc_arguments
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.registry.packing import pyfunc_arguments
 from thermal2visible.paths import RAW
 
 CHAMPION = "champion"

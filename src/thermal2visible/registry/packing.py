@@ -5,7 +5,6 @@ where a model is logged, never where it is served, so it is no part of the packe
 
 from __future__ import annotations
 
-import importlib.metadata
 import io
 import shutil
 import tempfile
@@ -22,20 +21,21 @@ from mlflow.types import ColSpec, Schema
 
 from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.errors import PipelineError
-from thermal2visible.imports import PACKAGE, import_closure
+from thermal2visible.imports import PACKAGE, import_closure, libraries
 from thermal2visible.inference import serving
-from thermal2visible.inference.serving import IMAGE, TRAINING_MANIFEST, ServedLimits, to_base64
+from thermal2visible.inference.request_budget import ServedLimits
+from thermal2visible.inference.serving import IMAGE, TRAINING_MANIFEST, to_base64
 from thermal2visible.inference.session import ExportedSettings, exported_settings, onnx_session
 
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", IMAGE)]), outputs=Schema([ColSpec("string", IMAGE)]))
 EXAMPLE_SIDE = 32
-# What the pyfunc imports when it runs (its own code travels with the model as code_paths: packed_files).
-REQUIREMENTS = ("mlflow", "onnxruntime", "numpy", "pandas", "scikit-image", "pillow", "tifffile", "PyYAML", "pydantic")
 SERVED_MODEL = Path(serving.__file__).with_name("served_model.py")
 
 
 def requirements() -> list[str]:
-    return [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS]
+    """The installed version of every library the served code imports (its own code travels with the model as
+    code_paths: packed_files), read from the imports themselves, so a library the code stops importing leaves."""
+    return sorted(f"{name}=={version}" for name, version in libraries(import_closure(SERVED_MODEL)).items())
 
 
 @dataclass(frozen=True)

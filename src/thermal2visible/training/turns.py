@@ -10,12 +10,16 @@ and the rest of their work (loading, logging, other stages) overlaps. Other prog
 follow the cores they leave free (threads.FreeCoreThreads).
 
 OpenMP's idle threads spin GOMP_SPINCOUNT rounds before they sleep; its default, 300,000, holds a core for
-milliseconds after a step, into the other run's turn. OpenMP reads it once, when torch loads it: import this module
-before torch.
+milliseconds after a step, into the other run's turn. OpenMP reads it once, when torch loads it: the stage scripts
+and benchmarks import this module before torch, and a run of a process that imported it too late says so when it
+starts taking turns.
 """
 
 import os
+import sys
 
+# whether OpenMP will read the short spin: set by the user, or set here before torch loaded it
+SPIN_IN_TIME = "GOMP_SPINCOUNT" in os.environ or "torch" not in sys.modules
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import fcntl  # noqa: E402
@@ -55,6 +59,12 @@ class TakeTurns(Callback):
         if trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu":
             if os.getpid() not in self.files:
                 self.files[os.getpid()] = own_turns_file()
+                if not SPIN_IN_TIME:
+                    print(
+                        f"training: torch was imported before {__name__}, so OpenMP keeps its long idle spin and "
+                        "a training beside this one slows more than it need; import it first, or set "
+                        "GOMP_SPINCOUNT=10000 in the environment"
+                    )
             self.turns = self.files[os.getpid()]
 
     def take(self, *hook_arguments, **hook_keywords) -> None:

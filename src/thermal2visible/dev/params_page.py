@@ -3,8 +3,8 @@ and whether it defines the trained weights (the schema's marks); then each netwo
 settings (its module's `Settings`: type and description). Values stay in params.yaml: an experiment that changes one
 leaves this page true.
 
-    python -m thermal2visible.params_reference            # rewrite docs/params.md
-    python -m thermal2visible.params_reference --check    # exit 1 when docs/params.md is stale (the tests run it)
+    python -m thermal2visible.dev.params_page            # rewrite docs/params.md
+    python -m thermal2visible.dev.params_page --check    # exit 1 when docs/params.md is stale (the tests run it)
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def reference(params_text: str) -> str:
     lines = [
         "# params.yaml reference",
         "",
-        "Generated from the settings schema and params.yaml's comments by `python -m thermal2visible.params_reference`"
+        "Generated from the settings schema and params.yaml's comments by `python -m thermal2visible.dev.params_page`"
         " (a test fails when this page is stale); the values are params.yaml's. Override a key with "
         "`dvc exp run -S section.key=value`, a stage script's `--set section.key=value`, or a preset under `params/`. "
         "**Weights**: the key defines the trained "
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> None:
     fresh = reference(PARAMS.read_text())
     if "--check" in argv:
         if not REFERENCE.is_file() or REFERENCE.read_text() != fresh:
-            sys.exit(f"{REFERENCE} is stale: run `python -m thermal2visible.params_reference` to regenerate it")
+            sys.exit(f"{REFERENCE} is stale: run `python -m thermal2visible.dev.params_page` to regenerate it")
         return
     REFERENCE.write_text(fresh)
     print(f"wrote {REFERENCE}")

@@ -16,7 +16,7 @@ from lightning.pytorch import Callback
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
-from thermal2visible.training.shared_cores import TURNS
+from thermal2visible.training.turns import TURNS
 from thermal2visible.training.trainer import build_trainer
 
 
@@ -66,7 +66,7 @@ def test_a_cgroup_cpu_quota_caps_the_cores_a_process_uses(tmp_path):
         try:
             for name, value in limit.items():
                 (group / name).write_text(value)
-            probe = "from thermal2visible.cores import cpu_quota, usable_cores; print(cpu_quota(), usable_cores())"
+            probe = "from thermal2visible.usable_cores import *; print(cpu_quota(), usable_cores())"
             command = f'echo $$ > {group / "cgroup.procs"} && exec {sys.executable} -c "{probe}"'
             answer = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
         finally:
