@@ -77,7 +77,7 @@ def test_work_over_the_limits_is_refused_naming_the_row_before_the_network_runs(
 # Run in a fresh interpreter: the served model loads and translates while every import of a library that is neither
 # one of its requirements nor something they depend on fails, as it would where only those requirements are installed.
 ONLY_ITS_REQUIREMENTS = """
-import importlib.metadata, re, sys
+import importlib.machinery, importlib.metadata, re, sys
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
@@ -94,16 +94,22 @@ owners = importlib.metadata.packages_distributions()
 
 class OnlyRequirements:
     def find_spec(self, name, path=None, target=None):
+        if name == "thermal2visible":  # not installed where the model serves: only the copy packed with it
+            spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+            if spec is None or not str(spec.submodule_search_locations[0]).startswith(sys.argv[1]):
+                raise ModuleNotFoundError("thermal2visible is not packed with the model")
+            return spec
         distributions = {canonical(owner) for owner in owners.get(name, [])}
         if "." not in name and distributions and not distributions & allowed:
-            raise ImportError(f"{name} ({', '.join(sorted(distributions))}) is not among the requirements")
+            raise ModuleNotFoundError(f"{name} ({', '.join(sorted(distributions))}) is not among the requirements")
 
 sys.meta_path.insert(0, OnlyRequirements())
 import base64, mlflow.pyfunc, pandas
 model = mlflow.pyfunc.load_model(sys.argv[1])
-frame = model.metadata.get_input_example()  # the model's own input example: a frame of the kind it was trained on
+frame = model.metadata.load_input_example(sys.argv[1])  # a frame of the kind the model was trained on
 answer = model.predict(pandas.DataFrame(frame))["image"][0]
-print("translated", len(base64.b64decode(answer)), "bytes;", "torch" in sys.modules, "torch")
+packed = sys.modules["thermal2visible"].__path__[0]
+print("translated", len(base64.b64decode(answer)), "bytes;", "torch" in sys.modules, "torch;", packed)
 """
 
 
@@ -120,3 +126,4 @@ def test_the_served_model_runs_with_its_requirements_alone(served):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "translated" in result.stdout and "False torch" in result.stdout
+    assert result.stdout.strip().endswith(str(folder / "code" / "thermal2visible"))  # the packed copy ran

@@ -59,7 +59,7 @@ def set_image_size(size):
         (set_preprocess("temperature_range", [30, 30.01]), "preprocess.temperature_range: [30.0, 30.01] must be"),
         (set_image_size(17), "metadata image_size 17: the graph cannot run on one 17x17 square"),
         (set_image_size(4096), "metadata image_size 4096: one 4096x4096 square is over max_model_pixels 1000000"),
-        (set_preprocess("image_size", -64), "preprocess.image_size: Input should be greater than or equal to 16"),
+        (set_preprocess("image_size", -64), "metadata preprocess.image_size: -64 must be >= 16"),
         (lambda metadata: metadata.__setitem__("image_size", 1), "metadata image_size: 1 must be >= "),
         (
             lambda metadata: metadata["preprocess"].pop("thermal_norm"),
