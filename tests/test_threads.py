@@ -17,6 +17,7 @@ from thermal2visible.models.networks import build_networks
 from thermal2visible.training import threads
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import build_trainer
+from thermal2visible.usable_cores import usable_cores
 
 
 def test_the_count_moves_only_when_the_free_cores_are_far_from_it():
@@ -50,12 +51,14 @@ class Decisions(threads.FreeCoreThreads):
 
     def __init__(self, usable: int, setting: str = "auto"):
         super().__init__(setting)
-        self.usable, self.changes, self.adapts, self.watches, self.told = usable, 0, setting == "auto", True, False
+        self.usable, self.changes, self.adapts, self.watches = usable, 0, setting == "auto", True
 
     def after_window(self, others: float) -> int:
+        """A window's decision where the step hooks would take one: only while the callback watches."""
         ticks = int(others * threads.WINDOW_S * threads.TICKS_PER_S)
         self.window = {"seconds": threads.WINDOW_S, "busy": 1000 + ticks, "own": 1000}
-        self.decide(SimpleNamespace(global_step=10, loggers=[]))
+        if self.watches:
+            self.decide(SimpleNamespace(global_step=10, loggers=[]))
         return torch.get_num_threads()
 
 
@@ -108,3 +111,25 @@ def test_beside_a_busy_process_of_another_session_a_run_trains_on_fewer_threads_
     tags = mlflow.MlflowClient(store).get_run(logger.run_id).data.tags
     assert int(tags["threads"]) < min(before, len(os.sched_getaffinity(0))) and int(tags["thread_changes"]) >= 1
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: there is no count to choose")
+def test_beside_a_busy_process_a_run_on_a_thread_per_core_keeps_its_count_and_says_so_once(
+    monkeypatch, capsys, tiny_cache, tiny_params
+):
+    """The same real neighbour under `cores`: the count stays a thread per core all run long (its weights are an
+    idle run's), and the log says once that `auto` would follow the free cores."""
+    monkeypatch.setattr(threads, "WINDOW_S", 0.3)
+    train = dataclasses.replace(tiny_params.train, max_epochs=4, min_epochs=1, accelerator="cpu", threads="cores")
+    data = PairedDataModule(tiny_cache, train.batch_size, tiny_params.loader)
+    module = Pix2Pix(*build_networks(tiny_params.model, data.manifest["image_size"], 1, 3), train)
+    counts = []
+    module.on_train_batch_end = lambda *arguments: counts.append(torch.get_num_threads())
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        build_trainer(train, logger=False, limit_val_batches=0).fit(module, datamodule=data)
+    finally:
+        os.kill(busy.pid, signal.SIGKILL)
+        busy.wait()
+    assert counts and set(counts) == {usable_cores()}
+    assert capsys.readouterr().out.count("train.threads: auto follows the free cores") == 1

@@ -45,10 +45,10 @@ def network_class(model: ModelConfig, role: str) -> type:
 def own_settings(model: ModelConfig, role: str):
     """model.<role>_settings checked by the network's own `Settings`; a ConfigError naming each bad key."""
     key = f"{role}_settings"
+    network = network_class(model, role)
     try:
-        return checked_settings(network_class(model, role), getattr(model, key))
+        return checked_settings(network, getattr(model, key))
     except ValidationError as error:
-        network = network_class(model, role)
         problems = (reason(problem, schema=network.Settings, prefix=f"model.{key}.") for problem in error.errors())
         raise ConfigError("\n".join(f"{problem} (model.{role}: {network.kind})" for problem in problems)) from None
 

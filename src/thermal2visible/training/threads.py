@@ -89,9 +89,8 @@ class FreeCoreThreads(Callback):
         elif on_own_cpu:
             torch.set_num_threads(self.usable)
         self.adapts = self.setting == "auto" and on_own_cpu and self.usable > 1
-        # under `cores` the same reading only tells the user, once, what auto would do
-        self.watches = self.adapts or (self.setting == "cores" and on_own_cpu and self.usable > 1)
-        self.told = False
+        # under `cores` the same reading only tells the user, once, what auto would do, and then stops
+        self.watches = self.setting in ("auto", "cores") and on_own_cpu and self.usable > 1
         self.window = {"seconds": 0.0, "busy": 0, "own": 0}
         set_tags(trainer, {"threads": str(torch.get_num_threads()), "thread_changes": "0"})
 
@@ -118,15 +117,14 @@ class FreeCoreThreads(Callback):
         if count == threads:
             return
         if not self.adapts:
-            if not self.told:
-                self.told = True
-                print(
-                    f"training: other processes kept {others:.1f} of {self.usable} cores busy during the last "
-                    f"{window['seconds']:.1f} s of steps; with a thread per core (train.threads: cores) every step "
-                    "waits for the threads that share a core with them; train.threads: auto follows the free cores "
-                    "(its weights then differ from an idle run's at rounding level)",
-                    flush=True,
-                )
+            self.watches = False
+            print(
+                f"training: other processes kept {others:.1f} of {self.usable} cores busy during the last "
+                f"{window['seconds']:.1f} s of steps; with a thread per core (train.threads: cores) every step "
+                "waits for the threads that share a core with them; train.threads: auto follows the free cores "
+                "(its weights then differ from an idle run's at rounding level)",
+                flush=True,
+            )
             return
         torch.set_num_threads(count)
         self.changes += 1
