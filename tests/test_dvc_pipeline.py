@@ -87,10 +87,10 @@ def test_mlproject_has_an_entry_point_per_stage_written_from_the_pipeline_files(
     assert "  report:" in with_one_more and "exp_run report {set}" in with_one_more
 
 
-def test_the_readme_lists_every_module_of_the_package_from_its_docstring():
-    readme = (REPO / docs.README).read_text()
+def test_the_contributors_page_lists_every_module_of_the_package_from_its_docstring():
+    readme = (REPO / docs.CONTRIBUTING).read_text()
     assert docs.between(readme, docs.PACKAGES_BEGIN, docs.PACKAGES_END, docs.modules_table(PACKAGE)) == readme, (
-        "README.md's module table is stale: run python -m thermal2visible.dev.docs"
+        "docs/contributing.md's module table is stale: run python -m thermal2visible.dev.docs"
     )
     for path in PACKAGE.rglob("*.py"):
         if path.stem != "__init__":

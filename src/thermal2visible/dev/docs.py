@@ -1,8 +1,8 @@
 """The parts of the docs that the project's files already say, written from them: docs/pipeline.md's stage diagram
 and table from dvc.yaml (each stage's `desc`, script, params and what it writes, and the edges from one stage's
-outputs to another's deps), MLproject's entry points from the pipeline files' stages, README.md's table of the
-package's modules from their docstrings, and docs/contributing.md's diagram of the package's parts from their
-imports. After adding or changing a stage or a module:
+outputs to another's deps), MLproject's entry points from the pipeline files' stages, and docs/contributing.md's
+diagram of the package's parts from their imports and table of its modules from their docstrings. After adding or
+changing a stage or a module:
 
     python -m thermal2visible.dev.docs          # rewrites the parts between their markers
     python -m thermal2visible.dev.docs --check  # exits 1 when a part differs from what it is written from"""
@@ -26,7 +26,6 @@ ROOT = PACKAGE.parents[1]
 DOC = Path("docs/pipeline.md")
 BEGIN = "<!-- stages: written by `python -m thermal2visible.dev.docs` from dvc.yaml -->"
 END = "<!-- /stages -->"
-README = Path("README.md")
 PACKAGES_BEGIN = "<!-- modules: written by `python -m thermal2visible.dev.docs` from their docstrings -->"
 PACKAGES_END = "<!-- /modules -->"
 WRITES = ("outs", "metrics", "plots")
@@ -148,8 +147,12 @@ def main() -> None:
     args = parser.parse_args()
     written = {
         DOC: derived((ROOT / DOC).read_text(), resolved_stages(ROOT)),
-        README: between((ROOT / README).read_text(), PACKAGES_BEGIN, PACKAGES_END, modules_table(PACKAGE)),
-        CONTRIBUTING: between((ROOT / CONTRIBUTING).read_text(), PARTS_BEGIN, PARTS_END, parts_diagram(part_imports())),
+        CONTRIBUTING: between(
+            between((ROOT / CONTRIBUTING).read_text(), PARTS_BEGIN, PARTS_END, parts_diagram(part_imports())),
+            PACKAGES_BEGIN,
+            PACKAGES_END,
+            modules_table(PACKAGE),
+        ),
         MLPROJECT: between(
             (ROOT / MLPROJECT).read_text(), ENTRIES_BEGIN, ENTRIES_END, entry_points(stage_targets(ROOT))
         ),
