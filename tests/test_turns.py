@@ -74,3 +74,31 @@ def test_a_cgroup_cpu_quota_caps_the_cores_a_process_uses(tmp_path):
         assert answer.split() == ["0.5", "1"]
         return
     pytest.skip("no cgroup can be made here (needs root and a writable cpu controller)")
+
+
+TAKES_TURNS = """
+import sys
+from types import SimpleNamespace
+if sys.argv[1] == "torch first":
+    import torch  # noqa: F401
+from thermal2visible.training import turns
+callback = turns.TakeTurns()
+callback.files = {}
+device = SimpleNamespace(type="cpu")
+callback.setup(SimpleNamespace(world_size=1, strategy=SimpleNamespace(root_device=device)), None, "fit")
+print("spin in time:", turns.SPIN_IN_TIME)
+"""
+
+
+@pytest.mark.parametrize("order", ["turns first", "torch first"])
+def test_a_process_that_loaded_torch_before_the_spin_was_set_says_so_when_it_takes_turns(order, tmp_path):
+    """OpenMP reads GOMP_SPINCOUNT when torch loads it: a process that imports torch before training/turns.py trains
+    with the long spin, and says so; one that imports turns.py first, as the stage scripts do, says nothing."""
+    environment = {key: value for key, value in os.environ.items() if key != "GOMP_SPINCOUNT"}
+    environment["XDG_RUNTIME_DIR"] = str(tmp_path)  # its own turns file
+    said = subprocess.run(
+        [sys.executable, "-c", TAKES_TURNS, order], env=environment, capture_output=True, text=True, check=True
+    ).stdout
+    late = order == "torch first"
+    assert f"spin in time: {not late}" in said
+    assert ("torch was imported before thermal2visible.training.turns" in said) is late
