@@ -32,8 +32,8 @@ from thermal2visible.data.cache import array_file, raw_pairs
 from thermal2visible.data.datamodule import PairedDataModule, model_batch
 from thermal2visible.onnx_export import run_torch
 from thermal2visible.inference.frames import translate_frame
+from thermal2visible.frame_scores import full_frame_psnr
 from thermal2visible.metrics import (
-    full_frame_psnr,
     image_scores,
     rank1_accuracy,
     score_means,

@@ -32,7 +32,7 @@ from thermal2visible.config.schema import Params
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.registry.version_files import load_registered
-from thermal2visible.metrics import full_frame_psnr
+from thermal2visible.frame_scores import full_frame_psnr
 from thermal2visible.registry.gate import (
     ONNX_DIGEST,
     Registered,

@@ -10,7 +10,7 @@ Under DDP (train.devices x train.num_nodes > 1) every process runs this script; 
 """
 
 # first, before torch loads OpenMP: it sets OpenMP's spin for trainings that share the cores
-import thermal2visible.training.turns  # noqa: F401
+import thermal2visible.training.spin  # noqa: F401
 
 import csv
 import hashlib

@@ -24,7 +24,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     _turns.mkdir(mode=0o700, exist_ok=True)
     os.environ["XDG_RUNTIME_DIR"] = str(_turns)
 
-import thermal2visible.training.turns  # noqa: E402, F401 (before torch: OpenMP's short idle spin, as train.py has it)
+import thermal2visible.training.spin  # noqa: E402, F401 (before torch: OpenMP's short idle spin, as train.py has it)
 from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402
@@ -162,3 +162,27 @@ def no_inherited_mlflow_context():
     mlflow.set_tracking_uri(None)
     os.environ.clear()
     os.environ.update(before)
+
+
+def python_program(args) -> bool:
+    """Whether a Popen argument list starts Python: this interpreter, another one, or a command of its venv (dvc,
+    mlflow, uvicorn: Python too)."""
+    program = Path(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])
+    return program.name.startswith("python") or program.parent == Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True)
+def fast_tests_start_no_python(request, monkeypatch):
+    """`make test-fast` is the inner loop. A test that starts a Python process (a stage script, a benchmark, dvc,
+    a server: seconds of imports each) belongs under the slow marker, and fails here until it has it, so the inner
+    loop stays fast as tests are added."""
+    if request.node.get_closest_marker("slow"):
+        return
+    start = subprocess.Popen.__init__
+
+    def refuse_python(self, args, *more, **options):
+        if python_program(args):
+            pytest.fail(f"{request.node.nodeid} starts {args[:3]}: mark it @pytest.mark.slow (a Python process)")
+        start(self, args, *more, **options)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse_python)

@@ -70,6 +70,7 @@ def move_partner(path):
     imsave(path, np.roll(imread(path), 20, axis=1), check_contrast=False)
 
 
+@pytest.mark.slow  # the stage scripts in processes
 def test_a_pair_the_rig_cannot_align_is_refused_naming_it_or_skipped(tmp_path, write_params, run_stage_script):
     write_params(tmp_path, *FACES)
     assert run_stage_script("synthesize.py", tmp_path).returncode == 0
@@ -104,6 +105,7 @@ def test_a_pair_the_rig_cannot_align_is_refused_naming_it_or_skipped(tmp_path, w
     assert "2 file(s) or pair(s) left out (reports/dropped.json)" in skipped.stdout
 
 
+@pytest.mark.slow  # the stage script in a process
 def test_a_preset_naming_an_unknown_key_is_refused_before_anything_is_written(tmp_path, write_params, run_stage_script):
     write_params(tmp_path)
     (tmp_path / "preset.yaml").write_text("synthesize:\n  scenery: camera\n")
@@ -128,6 +130,7 @@ CROPS = {
 }
 
 
+@pytest.mark.slow  # the stage scripts in processes
 def test_pairs_too_plain_to_measure_are_reported_not_refused(tmp_path, write_params, run_stage_script):
     """Thermal frames made as the blurred grey of the visible crop (true offset 0 px): every pair is kept, and those
     whose plain sky gives a far best shift are marked unmeasured, the textured ones within tolerance."""

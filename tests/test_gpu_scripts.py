@@ -55,6 +55,7 @@ def check_items(report: dict, names: list[str]) -> None:
     assert report["dry_run"] is True
 
 
+@pytest.mark.slow  # the check in its own process
 def test_the_gpu_checks_in_process_items_dry_run_on_the_cpu(tmp_path):
     report = dry_run("benchmarks.gpu_check", tmp_path, "--items", *QUICK)
     check_items(report, QUICK)

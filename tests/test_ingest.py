@@ -222,6 +222,7 @@ def test_side_by_side_problems(tmp_path):
     assert f"{root}/trainA/y.png: side_by_side images belong in" in str(caught.value)
 
 
+@pytest.mark.slow  # the stage script in a process
 def test_ingest_script_fails_cleanly_and_reports_every_file(dataset, write_params, run_stage_script):
     BAD["truncated"][0](dataset)
     BAD["unpaired-thermal"][0](dataset)
@@ -238,6 +239,7 @@ def test_ingest_script_fails_cleanly_and_reports_every_file(dataset, write_param
     assert not (project / "data/ingested/index.json").exists()
 
 
+@pytest.mark.slow  # the stage script in a process
 def test_ingest_script_skip_writes_the_report_and_the_index(dataset, write_params, run_stage_script):
     BAD["zero-bytes"][0](dataset)
     project = dataset.parent
@@ -251,6 +253,7 @@ def test_ingest_script_skip_writes_the_report_and_the_index(dataset, write_param
     assert [p["visible"] for p in index["pairs"]] == ["visible/p/a.png", "visible/p/c.png"]
 
 
+@pytest.mark.slow  # the stage scripts in processes
 def test_a_users_folder_goes_through_ingest_and_preprocess_unchanged(tmp_path, write_params, run_stage_script):
     """16-bit thermal + RGB visible JPEGs in identity folders, bigger than the model's input, not square."""
     for number, person in enumerate(("alice", "bob", "carol", "dave")):
@@ -394,6 +397,7 @@ def test_a_name_with_a_control_character_is_refused_and_shown_escaped(dataset, c
     assert len(index["pairs"]) == 3 and [p.file for p in problems] == [repr(str(path)) for path in refused]
 
 
+@pytest.mark.slow  # the stage script in a process
 def test_a_file_name_cannot_forge_lines_of_the_ingest_stage_output(dataset, write_params, run_stage_script):
     """The stage's error list and its report: one escaped entry per refused file, no line of the name's own."""
     name = f"faces/thermal/p/x\n{FORGED}\n.png"

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from thermal2visible.paths import PARAMS
 from thermal2visible.dev.params_page import REFERENCE, reference
 
@@ -16,6 +18,7 @@ def test_the_params_page_is_fresh():
     )
 
 
+@pytest.mark.slow  # the page's command in processes
 def test_a_changed_comment_makes_the_check_fail(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / REFERENCE).write_text((REPO / REFERENCE).read_text())

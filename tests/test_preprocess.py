@@ -113,6 +113,7 @@ def test_cache_round_trip(tiny_cache):
     assert load_split(tiny_cache, "val")[2][0] == manifest["identities"].index(first["identity"])
 
 
+@pytest.mark.slow  # the stage script in a process
 def test_preprocess_script_without_an_index_fails_cleanly(tmp_path, write_params, run_stage_script):
     write_params(tmp_path)
     result = run_stage_script("preprocess.py", tmp_path)
@@ -120,6 +121,7 @@ def test_preprocess_script_without_an_index_fails_cleanly(tmp_path, write_params
     assert result.stderr.startswith("error: data/ingested/index.json: missing")
 
 
+@pytest.mark.slow  # the stage scripts in processes
 def test_preprocess_script_notices_a_file_changed_after_ingest(tmp_path, write_params, run_stage_script):
     write_params(tmp_path)
     assert run_stage_script("synthesize.py", tmp_path).returncode == 0
@@ -181,6 +183,7 @@ def test_temperature_maps_normalise_by_the_fixed_range(tmp_path):
         prepare_thermal(warm_blob(), settings)
 
 
+@pytest.mark.slow  # the stage scripts in processes
 def test_preprocess_stage_names_a_frame_that_does_not_fit_the_norm_and_leaves_no_cache(
     tmp_path, write_params, run_stage_script
 ):

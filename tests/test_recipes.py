@@ -37,6 +37,7 @@ def shell(line: str, cwd: Path, timeout: float = 120) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # the recipe's commands in bash, each a Python process
 def test_a_run_stuck_in_running_is_found_and_closed_and_none_found_says_so(tmp_path, monkeypatch):
     find, close, _ = recipe("troubleshooting.md", "**A run stuck in RUNNING.**")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -113,6 +113,7 @@ print("translated", len(base64.b64decode(answer)), "bytes;", "torch" in sys.modu
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_served_model_runs_with_its_requirements_alone(served):
     _, _, folder = served
     listed = (folder / "requirements.txt").read_text().split()

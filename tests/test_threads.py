@@ -88,6 +88,7 @@ def test_a_thread_per_core_keeps_its_count_beside_a_busy_neighbour_and_says_once
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow  # a real busy process
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: there is no count to choose")
 def test_beside_a_busy_process_of_another_session_a_run_trains_on_fewer_threads_and_says_so(
     tmp_path, monkeypatch, tiny_cache, tiny_params
@@ -113,6 +114,7 @@ def test_beside_a_busy_process_of_another_session_a_run_trains_on_fewer_threads_
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.slow  # a real busy process
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: there is no count to choose")
 def test_beside_a_busy_process_a_run_on_a_thread_per_core_keeps_its_count_and_says_so_once(
     monkeypatch, capsys, tiny_cache, tiny_params

@@ -209,6 +209,7 @@ def test_an_output_that_is_in_holds_or_is_the_input_is_refused(onnx_model, frame
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow  # the stage script in a process
 def test_an_overlapping_output_is_refused_before_the_model_is_loaded(frames, tmp_path):
     result = run_translate("missing.onnx", frames, frames / "visible")
     assert result.returncode == 1 and "no such ONNX file" not in result.stderr

@@ -86,14 +86,15 @@ callback = turns.TakeTurns()
 callback.files = {}
 device = SimpleNamespace(type="cpu")
 callback.setup(SimpleNamespace(world_size=1, strategy=SimpleNamespace(root_device=device)), None, "fit")
-print("spin in time:", turns.SPIN_IN_TIME)
+print("spin in time:", turns.spin.IN_TIME)
 """
 
 
+@pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.parametrize("order", ["turns first", "torch first"])
 def test_a_process_that_loaded_torch_before_the_spin_was_set_says_so_when_it_takes_turns(order, tmp_path):
-    """OpenMP reads GOMP_SPINCOUNT when torch loads it: a process that imports torch before training/turns.py trains
-    with the long spin, and says so; one that imports turns.py first, as the stage scripts do, says nothing."""
+    """OpenMP reads GOMP_SPINCOUNT when torch loads it: a process that imports torch before training/spin.py (which
+    turns.py imports first) trains with the long spin, and says so; one that imports turns.py first says nothing."""
     environment = {key: value for key, value in os.environ.items() if key != "GOMP_SPINCOUNT"}
     environment["XDG_RUNTIME_DIR"] = str(tmp_path)  # its own turns file
     said = subprocess.run(
@@ -101,4 +102,4 @@ def test_a_process_that_loaded_torch_before_the_spin_was_set_says_so_when_it_tak
     ).stdout
     late = order == "torch first"
     assert f"spin in time: {not late}" in said
-    assert ("torch was imported before thermal2visible.training.turns" in said) is late
+    assert ("torch was imported before thermal2visible.training.spin" in said) is late

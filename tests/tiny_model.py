@@ -6,8 +6,11 @@ passes give batch norm running statistics that differ from the identity, so eval
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -64,11 +67,24 @@ def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, ki
     return path
 
 
-def export_tiny(folder: Path, cache: Path, seed: int = 0) -> Path:
-    """folder/generator.pt and folder/generator.onnx (opset 18) of a tiny generator; returns the .onnx."""
+@functools.cache
+def _exported_once(cache: Path, seed: int) -> Path:
+    """A folder holding generator.pt and generator.onnx (opset 18) of the tiny generator of `cache` and `seed`, made
+    once per test process (an ONNX export takes seconds) and removed when the process ends."""
+    folder = Path(tempfile.mkdtemp(prefix="t2v-tiny-export-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     generator, payload = load_generator(save_tiny_generator(folder / "generator.pt", cache, seed))
     manifest = json.loads((cache / MANIFEST).read_text())
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype=manifest["thermal_dtype"])
+    return folder
+
+
+def export_tiny(folder: Path, cache: Path, seed: int = 0) -> Path:
+    """folder/generator.pt and folder/generator.onnx (opset 18) of a tiny generator, the test's own copies; returns
+    the .onnx."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("generator.pt", "generator.onnx"):
+        shutil.copyfile(_exported_once(cache.resolve(), seed) / name, folder / name)
     return folder / "generator.onnx"
 
 

@@ -3,20 +3,18 @@ whether they still show the right person (rank-1 accuracy, verification ROC AUC)
 
 Every score is per image on [0,1] images, then averaged over images, and equals scikit-image's
 peak_signal_noise_ratio / structural_similarity (Wang et al.: gaussian window sigma 1.5, population covariance)
-/ mean_squared_error on the same image (tests/test_metrics.py checks it).
+/ mean_squared_error on the same image (tests/test_metrics.py checks it). Whole frames translated by onnxruntime
+are scored in numpy by frame_scores.py.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
-
-import numpy as np
 import torch
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.functional.classification import binary_auroc
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
-from thermal2visible.pixels import from_model, nchw, unit
+from thermal2visible.pixels import from_model
 
 SSIM_SIGMA = 1.5
 # The gaussian window's radius (scikit-image and torchmetrics both truncate at 3.5 sigma). Like scikit-image, SSIM
@@ -32,19 +30,6 @@ def to_unit(images: torch.Tensor) -> torch.Tensor:
 def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """(B,C,H,W) in [0,1] -> (B,) PSNR in dB."""
     return peak_signal_noise_ratio(pred, target, data_range=1.0, reduction="none", dim=(1, 2, 3))
-
-
-def frame_psnr(predicted: np.ndarray, real: np.ndarray) -> float:
-    """PSNR in dB of one HxWxC frame against the real one (pixels as `pixels.unit` reads them)."""
-    return float(psnr(*(torch.from_numpy(nchw(unit(frame))) for frame in (predicted, real)))[0])
-
-
-def full_frame_psnr(
-    translate: Callable[[np.ndarray], np.ndarray], pairs: Iterable[tuple[np.ndarray, np.ndarray]]
-) -> float:
-    """Mean `frame_psnr` of `translate(thermal)` (e.g. inference.frames.translate_frame) against the real visible
-    frames, at their full size."""
-    return float(np.mean([frame_psnr(translate(thermal), visible) for thermal, visible in pairs]))
 
 
 def ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,6 @@ import csv
 
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
-from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import (
     ALIGN_OVERLAY,
     ALIGN_REPORT,
@@ -42,6 +41,9 @@ def ensure_training_run(params: Params, digest: str) -> str:
     found = newest_run(open_store(tracking_uri()), "train", {GENERATOR_DIGEST: digest}, "FINISHED")
     if found:
         return found
+    # torch, for the payload, only here: the register stage, which DVC runs every time, finds the run without it
+    from thermal2visible.models.payloads import load_generator
+
     fingerprint = load_generator(GENERATOR)[1]["fingerprint"]  # metrics/train.json holds numbers only
     logger = start_run(
         params,

@@ -7,26 +7,18 @@ would end that but change the weights: a reduction over one thread rounds otherw
 params would train another model beside a neighbour. So the project's runs keep their threads and take turns: each
 training and validation step holds one lock per user and machine, the steps of two runs alternate at full speed,
 and the rest of their work (loading, logging, other stages) overlaps. Other programs take no turns: the threads
-follow the cores they leave free (threads.FreeCoreThreads).
-
-OpenMP's idle threads spin GOMP_SPINCOUNT rounds before they sleep; its default, 300,000, holds a core for
-milliseconds after a step, into the other run's turn. OpenMP reads it once, when torch loads it: the stage scripts
-and benchmarks import this module before torch, and a run of a process that imported it too late says so when it
-starts taking turns.
+follow the cores they leave free (threads.FreeCoreThreads). OpenMP's idle spin is shortened first (spin.py), so a
+thread that finished its share of a step does not hold its core into the other run's turn.
 """
 
+from thermal2visible.training import spin  # noqa: I001 (first: before Lightning loads torch)
+
+import fcntl
 import os
-import sys
+import tempfile
+from pathlib import Path
 
-# whether OpenMP will read the short spin: set by the user, or set here before torch loaded it
-SPIN_IN_TIME = "GOMP_SPINCOUNT" in os.environ or "torch" not in sys.modules
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
-import fcntl  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from lightning.pytorch import Callback  # noqa: E402
+from lightning.pytorch import Callback
 
 
 # Per user, in the user's own runtime folder where there is one: a lock file another user owns could be held by
@@ -59,9 +51,9 @@ class TakeTurns(Callback):
         if trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu":
             if os.getpid() not in self.files:
                 self.files[os.getpid()] = own_turns_file()
-                if not SPIN_IN_TIME:
+                if not spin.IN_TIME:
                     print(
-                        f"training: torch was imported before {__name__}, so OpenMP keeps its long idle spin and "
+                        f"training: torch was imported before {spin.__name__}, so OpenMP keeps its long idle spin and "
                         "a training beside this one slows more than it need; import it first, or set "
                         "GOMP_SPINCOUNT=10000 in the environment"
                     )
