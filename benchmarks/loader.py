@@ -34,7 +34,8 @@ from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summari
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.load import load_params
 from thermal2visible.data.cache import load_manifest
-from thermal2visible.data.datamodule import PairedDataModule, model_batch
+from thermal2visible.data.datamodule import PairedDataModule
+from thermal2visible.data.pairs import model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 from thermal2visible.paths import CACHE, INDEX, PARAMS

@@ -20,8 +20,8 @@ MKL_ENABLE_INSTRUCTIONS=AVX2 (the report names the limit).
 
 Writes a new benchmarks/results/<date>-train_step.json, .md and .png (--report names them otherwise, --out puts
 them at a path of your choice).
-Usage: python -m benchmarks.train_step [--sizes 64 256] [--batch 4] [--rounds 3] [--steps 4] [--configs ...]
-       [--report train_step] [--out PATH]
+Usage: python -m benchmarks.train_step [--sizes 64 256] [--batch 4] [--rounds 3] [--warmup-rounds 1] [--steps 4]
+       [--configs ...] [--report train_step] [--out PATH]
 """
 
 from __future__ import annotations
@@ -305,7 +305,10 @@ def main() -> None:
         choices=list(CONFIGS),
         default=[PLAIN, "default", "default + channels_last", "default + torch.compile", "default in fp32"],
     )
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up rounds")
+    parser.add_argument(
+        "--warmup-rounds", type=int, default=1, help="untimed rounds first, each configuration in its own process"
+    )
     parser.add_argument(
         "--steps", type=int, default=4, help="timed steps per configuration per round at 256 px (more at smaller sizes)"
     )
@@ -339,7 +342,13 @@ def main() -> None:
                 name: (lambda name=name: in_a_child(job | dict(config=name, profile=False), Path(scratch))["seconds"])
                 for name in configs
             }
-            records = measure_rounds(measurements, args.rounds, label=f"{size} px: ", after_each_round=peaks.measure)
+            records = measure_rounds(
+                measurements,
+                args.rounds,
+                args.warmup_rounds,
+                label=f"{size} px: ",
+                after_each_round=peaks.measure,
+            )
             summary = summarize(records, baseline=PLAIN)
             flops = plain_step_flops(size, batches)
             results.append(

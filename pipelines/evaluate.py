@@ -28,8 +28,8 @@ from thermal2visible.cli import run_stage
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import Params
 from thermal2visible.config.stored import stored_section
-from thermal2visible.data.cache import array_file, raw_pairs
-from thermal2visible.data.datamodule import PairedDataModule, model_batch
+from thermal2visible.data.cache import array_file, load_manifest, raw_pairs
+from thermal2visible.data.pairs import in_order
 from thermal2visible.onnx_export import run_torch
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.frame_scores import full_frame_psnr
@@ -43,7 +43,7 @@ from thermal2visible.metrics import (
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator, load_recognizer
 from thermal2visible.tracking.figures import comparison_grid, save_grid
-from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest
+from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
 from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, EVAL_REPORT, RECOGNIZER
 from thermal2visible.records import write_record
 from thermal2visible.pixels import to_model, unit, with_channels
@@ -60,17 +60,16 @@ def mean_training_face(visible_channels: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def evaluate(
-    generator: torch.nn.Module, test_mode: str, data: PairedDataModule
+    generator: torch.nn.Module, test_mode: str, batches, channels: int
 ) -> tuple[dict, np.ndarray | None, dict]:
     """Scores on the test split, the generator run in `test_mode` (models.generator.as_tested) as validation ran
-    it; also the faces to score identity on (`FACES` and their identity labels)."""
-    channels = data.visible_channels
+    it; also the faces to score identity on (`FACES` and their identity labels). `batches`: the test split's, in
+    model space; `channels`: the visible images'."""
     mean_face = mean_training_face(channels)
     scores = {name: score_means() for name in ("generator", "baseline_mean_image", "baseline_thermal")}
     faces = {name: [] for name in (*FACES, "identity")}
     grid = None
-    for batch in data.test_dataloader():
-        batch = model_batch(batch)  # cached integers -> model space
+    for batch in batches:
         thermal, real = batch["thermal"], batch["visible"]
         with as_tested(generator, test_mode):
             generated = generator(thermal)
@@ -132,18 +131,18 @@ def identity_scores(faces: dict, identities: list[str], training_people: set[int
 
 def main(params: Params) -> None:
     generator, payload = load_generator(GENERATOR)
-    data = PairedDataModule(CACHE, params.train.batch_size, params.loader)
-    size, thermal_channels = data.manifest["image_size"], data.thermal_channels
+    manifest = load_manifest(CACHE)
+    size, thermal_channels = manifest["image_size"], manifest["thermal_channels"]
     if (payload["model"]["image_size"], payload["model"]["in_channels"]) != (size, thermal_channels):
         raise PipelineError(
             f"{GENERATOR}: made for {payload['model']['image_size']} px, "
             f"{payload['model']['in_channels']}-channel thermal; {CACHE} holds {size} px, "
             f"{thermal_channels}-channel (re-run train)"
         )
-    data.setup("test")
-    if data.manifest["counts"]["test"] == 0:
+    if manifest["counts"]["test"] == 0:
         raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
-    results, grid, faces = evaluate(generator, payload["test_mode"], data)
+    test_batches = in_order(CACHE, "test", params.train.batch_size)
+    results, grid, faces = evaluate(generator, payload["test_mode"], test_batches, manifest["visible_channels"])
 
     def generate(batch: np.ndarray) -> np.ndarray:
         with as_tested(generator, payload["test_mode"]):
@@ -153,9 +152,9 @@ def main(params: Params) -> None:
     translate = partial(translate_frame, generate, settings=stored_section("preprocess", payload["preprocess"]))
     results["generator"]["psnr_full_frame"] = full_frame_psnr(translate, raw_pairs(CACHE, "test"))
     training_people = set(np.load(array_file(CACHE, "train", "identity")).tolist())
-    identity = identity_scores(faces, data.identities, training_people)
+    identity = identity_scores(faces, manifest["identities"], training_people)
     report = {
-        "test_images": data.manifest["counts"]["test"],
+        "test_images": manifest["counts"]["test"],
         **results,
         "identity": identity,
         GENERATOR_DIGEST: file_digest(GENERATOR),

@@ -47,7 +47,8 @@ from thermal2visible.inference.session import RunTimeLimit, exported_settings, o
 from thermal2visible.records import read_record
 from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run
 from thermal2visible.tracking.runs import git_tags, logging_into, start_run
-from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest, store_lock, tracking_uri
+from thermal2visible.tracking.digests import GENERATOR_DIGEST, data_hash, file_digest
+from thermal2visible.tracking.store import store_lock, tracking_uri
 from thermal2visible.paths import (
     CACHE,
     EVAL_METRICS,

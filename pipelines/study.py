@@ -161,7 +161,7 @@ def main(params: Params, args: argparse.Namespace) -> None:
         elif args.study == "speed":
             table, figures = speed_study(run, values, args.workers)
         else:
-            table, figures = quality_study(run, args.seeds, args.minutes, cache, Path(work), params.loader)
+            table, figures = quality_study(run, args.seeds, args.minutes, cache, Path(work))
         stem = report_stem(args.study, args.out)
         stem.parent.mkdir(parents=True, exist_ok=True)
         report = Path(f"{stem}.md")

@@ -33,10 +33,11 @@ from thermal2visible.config.schema import Params, TrainConfig
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.models.payloads import load_recognizer
 from thermal2visible.tracking.checkpointed_logger import CheckpointedMLFlowLogger, MetricsInCheckpoint
-from thermal2visible.tracking.figures import ImageGridLogger, save_psnr_curve
+from thermal2visible.tracking.figures import save_psnr_curve
+from thermal2visible.tracking.grid_logger import ImageGridLogger
 from thermal2visible.tracking.publish import TRAINING_SECTIONS
 from thermal2visible.tracking.runs import close_abandoned_runs, continued_run, log_artifact, start_run
-from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest
+from thermal2visible.tracking.digests import GENERATOR_DIGEST, data_hash, file_digest
 from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.training.job import decide_resume
 from thermal2visible.training.module import Pix2Pix

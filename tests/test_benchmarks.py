@@ -144,7 +144,7 @@ def test_train_step_benchmark_writes_ratios_with_their_spread(tmp_path, run_benc
     done = run_benchmark(
         "train_step",
         tmp_path,
-        *("--sizes", "32", "--rounds", "2", "--steps", "1", "--no-profile"),
+        *("--sizes", "32", "--rounds", "2", "--warmup-rounds", "0", "--steps", "1", "--no-profile"),
         *("--configs", "default", "default + small convs as matmul"),
         *("--report", "train_step_small"),
     )

@@ -19,7 +19,8 @@ from lightning.pytorch import Callback, LightningDataModule, seed_everything
 from torch.utils.data import DataLoader, DistributedSampler
 
 from thermal2visible.paths import MANIFEST
-from thermal2visible.data.datamodule import PairedDataModule, model_batch
+from thermal2visible.data.datamodule import PairedDataModule
+from thermal2visible.data.pairs import model_batch
 from thermal2visible.metrics import image_scores, to_unit
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks

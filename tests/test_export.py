@@ -23,7 +23,7 @@ from thermal2visible.inference.session import onnx_metadata, onnx_session, run_o
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT
 from thermal2visible.records import read_record
-from thermal2visible.tracking.store import data_hash
+from thermal2visible.tracking.digests import data_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = ROOT / "pipelines" / "export.py"

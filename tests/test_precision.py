@@ -182,7 +182,8 @@ def test_generator_steps_with_its_true_gradient_while_the_loss_scale_grows(rule)
 def test_validation_scores_are_fp32_scores_of_the_saved_weights_under_bf16_mixed(tiny_cache):
     """bf16 autocast cancels SSIM's variance terms (0.28 against 0.72 on the demo): validation must score what
     evaluate scores, the fp32 generator on the same images."""
-    from thermal2visible.data.datamodule import PairedDataModule, model_batch
+    from thermal2visible.data.datamodule import PairedDataModule
+    from thermal2visible.data.pairs import model_batch
 
     data = PairedDataModule(
         tiny_cache, 4, shipped("loader", num_workers=0, pin_memory=False, preload=True, jitter=True)

@@ -10,7 +10,8 @@ import pytest
 from mlflow import MlflowClient
 
 from thermal2visible.paths import CACHE
-from thermal2visible.tracking.store import EXPERIMENT_KIND, MODEL_DEVELOPMENT, data_hash
+from thermal2visible.tracking.digests import data_hash
+from thermal2visible.tracking.store import EXPERIMENT_KIND, MODEL_DEVELOPMENT
 
 DVC = str(Path(sys.executable).with_name("dvc"))
 

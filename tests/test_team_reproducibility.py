@@ -35,7 +35,7 @@ from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT, LAYOUT
 from thermal2visible.records import read_record
 from thermal2visible.tracking.publish import evaluation_metrics
-from thermal2visible.tracking.store import file_digest
+from thermal2visible.tracking.digests import file_digest
 
 pytestmark = pytest.mark.slow
 STAGES = (

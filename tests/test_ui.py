@@ -9,7 +9,7 @@ from mlflow import MlflowClient
 from thermal2visible.config.load import load_params
 from thermal2visible.registry.gate import registered_model_name
 from thermal2visible.paths import CACHE
-from thermal2visible.tracking.store import data_hash
+from thermal2visible.tracking.digests import data_hash
 from thermal2visible.dev.ui import CHARTS, experiment_page, mlflow_ui, render, run_page, version_page
 
 pytestmark = [

@@ -36,7 +36,7 @@ from thermal2visible.registry.gate import Registered, register
 from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
 from thermal2visible.tracking.figures import save_psnr_curve
-from thermal2visible.tracking.store import GENERATOR_DIGEST, data_hash, file_digest
+from thermal2visible.tracking.digests import GENERATOR_DIGEST, data_hash, file_digest
 
 
 def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, kind: str = "unet") -> Path:

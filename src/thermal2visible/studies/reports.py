@@ -4,7 +4,6 @@ returns its markdown table and its figures by name; a figure named after its stu
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from pathlib import Path
 
@@ -12,8 +11,7 @@ import matplotlib
 import torch
 
 from thermal2visible.config.load import preset_overrides
-from thermal2visible.config.schema import LoaderConfig
-from thermal2visible.data.datamodule import PairedDataModule, model_batch
+from thermal2visible.data.pairs import in_order
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import GENERATOR, PIX2PIX_DEFAULT
@@ -170,9 +168,7 @@ def speed_study(run, values: list[int], workers: list[int]) -> tuple[str, dict]:
     return table, {"speed": figure}
 
 
-def quality_study(
-    run, seeds: list[int], minutes: float, cache: Path, work: Path, loader: LoaderConfig
-) -> tuple[str, dict]:
+def quality_study(run, seeds: list[int], minutes: float, cache: Path, work: Path) -> tuple[str, dict]:
     """Every configuration trained for `minutes` of wall clock per seed, seeds in turn, the order of the
     configurations rotated from seed to seed (so none always runs on a fresher machine); then the best combination:
     the changes that beat the default's mean test PSNR, or the two best changes when fewer than two did."""
@@ -251,15 +247,13 @@ def quality_study(
         ylabel="test PSNR (dB): mean bar, seeds dots",
         title=f"Quality at equal training time ({minutes} min per run)",
     )
-    return table, {"quality": bars, "quality_grid": faces_grid(results, cache, work, loader)}
+    return table, {"quality": bars, "quality_grid": faces_grid(results, cache, work)}
 
 
 @torch.inference_mode()
-def faces_grid(results: dict[str, list[dict]], cache: Path, work: Path, loader: LoaderConfig) -> plt.Figure:
+def faces_grid(results: dict[str, list[dict]], cache: Path, work: Path) -> plt.Figure:
     """The same first test faces: thermal, each configuration's generator (first seed), real."""
-    data = PairedDataModule(cache, GRID_FACES, dataclasses.replace(loader, preload=False))
-    data.setup("test")
-    batch = model_batch(next(iter(data.test_dataloader())))
+    batch = next(in_order(cache, "test", GRID_FACES))
     rows, labels = [batch["thermal"]], ["thermal"]
     for name, children in results.items():
         generator, payload = load_generator(child_project(work, children[0]["name"]) / GENERATOR)

@@ -23,7 +23,8 @@ from thermal2visible.paths import (
 )
 from thermal2visible.records import read_record
 from thermal2visible.studies.runs import trained_run
-from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest, tracking_uri
+from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
+from thermal2visible.tracking.store import tracking_uri
 
 
 def run_script(script: str, cwd: Path, params: Path, overrides: list[str]) -> subprocess.CompletedProcess:

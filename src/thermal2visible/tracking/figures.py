@@ -8,8 +8,6 @@ from typing import Sequence
 import matplotlib
 import numpy as np
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import MLFlowLogger
 
 from thermal2visible.pixels import from_model, quantise, with_channels
 
@@ -74,28 +72,3 @@ def save_psnr_curve(
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
-
-
-class ImageGridLogger(Callback):
-    """Every `every` epochs: thermal | generated | real for the first validation faces, as an MLflow image."""
-
-    def __init__(self, every: int, count: int = 6):
-        self.every, self.count = every, count
-
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: torch.Tensor,
-        batch: dict,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        epoch = trainer.current_epoch + 1
-        if batch_idx or trainer.sanity_checking or not trainer.is_global_zero or self.every < 1 or epoch % self.every:
-            return
-        n = self.count
-        grid = comparison_grid(batch["thermal"][:n], outputs[:n], batch["visible"][:n])
-        for logger in trainer.loggers:
-            if isinstance(logger, MLFlowLogger):
-                logger.experiment.log_image(logger.run_id, grid, key="val_grid", step=epoch)

@@ -27,7 +27,8 @@ from thermal2visible.paths import (
 )
 from thermal2visible.records import read_record
 from thermal2visible.tracking.runs import log_artifact, newest_run, start_run
-from thermal2visible.tracking.store import GENERATOR_DIGEST, file_digest, open_store, tracking_uri
+from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
+from thermal2visible.tracking.store import open_store, tracking_uri
 
 EVALUATION_DIGEST = "eval_sha256"
 LOGGED_FROM_RECORD = {"logged_from": "dvc record"}

@@ -27,7 +27,8 @@ from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from thermal2visible.config.schema import Params
-from thermal2visible.tracking.store import data_hash, ensure_experiment, open_store, tracking_uri
+from thermal2visible.tracking.digests import data_hash
+from thermal2visible.tracking.store import ensure_experiment, open_store, tracking_uri
 from thermal2visible.paths import CACHE, SOURCES
 
 if TYPE_CHECKING:

@@ -1,18 +1,13 @@
-"""The MLflow store and what identifies its contents: where tracking goes, one writer at a time, the project's
-experiment, and the digests of the data and of a generator.
+"""The MLflow store: where tracking goes, one writer at a time, the project's experiment. What identifies its
+contents (the digests of the data and of a generator) is digests.py.
 
 Tracking goes to `MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the project folder (`project_root`), with
 artifacts in ./mlruns (MLflow's default, fixed when the experiment is made).
-
-The data version is `data_hash`: the md5 of every file of data/cache (its arrays and its manifest, names and bytes),
-so it changes whenever what training reads changes, also where the manifest does not (a preprocessing change inside
-the arrays). Unlike the dvc.lock hash it exists outside `dvc repro` too, e.g. for a stage run by hand.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import re
 from contextlib import contextmanager
@@ -24,7 +19,6 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from thermal2visible.errors import ConfigError
-from thermal2visible.paths import MANIFEST
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -101,24 +95,3 @@ def ensure_experiment(client: MlflowClient, name: str) -> None:
         except MlflowException as error:
             if error.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-
-
-def data_hash(cache_dir: str | Path) -> str:
-    """md5 of the cache's files, each by its path inside the cache and its bytes (read in blocks: any size)."""
-    root, digest = Path(cache_dir), hashlib.md5()
-    if not (root / MANIFEST).is_file():
-        raise FileNotFoundError(root / MANIFEST)
-    for path in sorted(path for path in root.rglob("*") if path.is_file()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        with open(path, "rb") as file:
-            digest.update(hashlib.file_digest(file, "md5").digest())
-    return digest.hexdigest()
-
-
-GENERATOR_DIGEST = "generator_sha256"  # on train and evaluate runs, registered versions, eval.json and export.json
-
-
-def file_digest(path: str | Path) -> str:
-    """sha256 of a file: what a run or a registered version is found by (tracking.publish)."""
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
