@@ -50,7 +50,7 @@ PARALLEL := -n auto --dist loadscope
 test: setup
 	$(PY) -m pytest $(PARALLEL)
 
-test-fast: setup  # the inner loop: no multi-process, end-to-end or server tests
+test-fast: setup  # the inner loop: no test that starts a Python process (tests/conftest.py holds them to the slow mark)
 	$(PY) -m pytest $(PARALLEL) -m "not slow"
 
 lint: setup  # what CI runs: the rules, and the format (`make format` applies it)
