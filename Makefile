@@ -11,7 +11,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
 
-.PHONY: setup demo exp test test-fast lint format serve ui screenshots clean gpu-check
+.PHONY: setup demo exp test test-fast lint format serve image serve-replicas ui screenshots clean gpu-check
 
 $(VENV)/.installed: pyproject.toml torch.txt
 	python3 -m venv $(VENV)
@@ -35,6 +35,14 @@ exp: setup  # `make exp PRESET=params/camera.yaml SET="train.max_epochs=50"`: a 
 
 serve: setup  # `make serve PORT=5002 MODEL=models:/NAME/VERSION` overrides serve.port and the champion
 	$(PY) pipelines/serve.py $(if $(MODEL),--model $(MODEL)) $(if $(PORT),--set serve.port=$(PORT))
+
+image: setup  # `make image MODEL=models:/NAME/VERSION BASE=python:3.11-slim`: a serving image (docs/serving.md)
+	$(PY) pipelines/image.py $(if $(MODEL),--model $(MODEL)) $(if $(BASE),--base $(BASE))
+
+N := 2
+serve-replicas: setup  # `make serve-replicas N=3 PORT=5002`: N containers of the image behind a load balancer
+	$(PY) pipelines/image.py --replicas $(N) $(if $(MODEL),--model $(MODEL)) $(if $(BASE),--base $(BASE)) \
+		$(if $(PORT),--set serve.port=$(PORT))
 
 UI_PORT := $(or $(PORT),5000)
 ui: setup  # `make ui PORT=5050` for another port

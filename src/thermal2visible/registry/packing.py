@@ -32,10 +32,18 @@ EXAMPLE_SIDE = 32
 SERVED_MODEL = Path(serving.__file__).with_name("served_model.py")
 
 
-def requirements() -> list[str]:
-    """The installed version of every library the served code imports (its own code travels with the model as
-    code_paths: packed_files), read from the imports themselves, so a library the code stops importing leaves."""
-    return sorted(f"{name}=={version}" for name, version in libraries(import_closure(SERVED_MODEL)).items())
+# MLflow publishes its package without the tracking server's and the UI's dependencies (Flask, SQLAlchemy, gunicorn,
+# scikit-learn, matplotlib, ...) as mlflow-skinny, for serving: a served model needs MLflow's pyfunc alone.
+SERVING_DISTRIBUTIONS = {"mlflow": "mlflow-skinny"}
+
+
+def requirements(entry: Path = SERVED_MODEL) -> list[str]:
+    """The installed version of every library the code of `entry` imports (its own code travels with it:
+    `packed_code`), read from the imports themselves, so a library the code stops importing leaves."""
+    return sorted(
+        f"{SERVING_DISTRIBUTIONS.get(name, name)}=={version}"
+        for name, version in libraries(import_closure(entry)).items()
+    )
 
 
 @dataclass(frozen=True)
@@ -95,18 +103,18 @@ def example_request(trained_on: ThermalInput) -> pd.DataFrame:
     return pd.DataFrame({IMAGE: [to_base64(tiff_bytes(example_frame(trained_on)))]})
 
 
-def packed_files() -> list[str]:
+def packed_files(entry: Path = Path(serving.__file__)) -> list[str]:
     """The files `packed_code` packs, relative to the package."""
-    return sorted(str(path.relative_to(PACKAGE)) for path in import_closure(Path(serving.__file__)))
+    return sorted(str(path.relative_to(PACKAGE)) for path in import_closure(entry))
 
 
 @contextmanager
-def packed_code() -> Iterator[Path]:
-    """The package files the served model runs (serving.py and what it imports, transitively: no training,
-    tracking or dev code), copied into a temporary `thermal2visible` folder laid out as the package is."""
+def packed_code(entry: Path = Path(serving.__file__)) -> Iterator[Path]:
+    """The package files `entry` runs (by default the served model's: serving.py and what it imports, transitively:
+    no training, tracking or dev code), copied into a temporary `thermal2visible` folder laid out as the package is."""
     with tempfile.TemporaryDirectory() as staging:
         code = Path(staging) / PACKAGE.name
-        for name in packed_files():
+        for name in packed_files(entry):
             (code / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(PACKAGE / name, code / name)
         yield code
