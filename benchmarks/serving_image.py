@@ -66,6 +66,7 @@ def main() -> None:
             with servers[name]() as url:
                 startups.setdefault(name, []).append(time.perf_counter() - started)
                 figures = load(url, body, args.clients, args.requests)
+                figures["container_memory"] = container_memory(tag)
             runs.setdefault(name, []).append(figures)
             return figures["wall_s"]  # the same requests for every config: seconds compare as requests/s
 
@@ -95,6 +96,15 @@ def main() -> None:
         )
     print(f"{errors} errors in all rounds; wrote {stem}.json")
     sys.exit(1 if errors else 0)
+
+
+def container_memory(tag: str) -> list[str]:
+    """Memory in use by each running container of image `tag` (Docker's count: its cgroup's), after the load."""
+    running = subprocess.run(["docker", "ps", "-q", "--filter", f"ancestor={tag}"], capture_output=True, text=True)
+    if not running.stdout.split():
+        return []
+    stats = ["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", *running.stdout.split()]
+    return subprocess.run(stats, capture_output=True, text=True).stdout.split("\n")[:-1]
 
 
 @contextlib.contextmanager

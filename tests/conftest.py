@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -164,11 +166,21 @@ def no_inherited_mlflow_context():
     os.environ.update(before)
 
 
+# Programs that run the command they are given: a shell's `-c` script, or the rest of their arguments.
+LAUNCHERS = {"sh", "bash", "dash", "zsh", "env", "nice", "timeout", "setsid", "xargs"}
+
+
 def python_program(args) -> bool:
     """Whether a Popen argument list starts Python: this interpreter, another one, or a command of its venv (dvc,
-    mlflow, uvicorn: Python too)."""
-    program = Path(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])
-    return program.name.startswith("python") or program.parent == Path(sys.executable).parent
+    mlflow, uvicorn: Python too, by path or found on PATH), directly or through a launcher."""
+    words = [str(word) for word in args] if isinstance(args, (list, tuple)) else shlex.split(str(args))
+    program = Path(shutil.which(words[0]) or words[0]) if words else Path()
+    if program.name.startswith("python") or program.parent == Path(sys.executable).parent:
+        return True
+    if program.name in LAUNCHERS:
+        script = words[words.index("-c") + 1] if "-c" in words[:-1] else shlex.join(words[1:])
+        return any(python_program([word]) for word in shlex.split(script))
+    return False
 
 
 @pytest.fixture(autouse=True)

@@ -106,6 +106,7 @@ def busy_for(seconds: float, report: Path | None = None) -> str:
     return f'{sys.executable} -c "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass{ending}"'
 
 
+@pytest.mark.slow  # Python processes started through a shell
 def test_load_from_another_process_is_foreign_and_our_own_children_are_not(tmp_path, monkeypatch):
     # A busy loop whose parent shell has exited belongs to no one here: it is someone else's load. More load from
     # elsewhere only adds to it, so this half reads the real machine.
@@ -129,6 +130,7 @@ def test_load_from_another_process_is_foreign_and_our_own_children_are_not(tmp_p
     assert own.foreign < rounds.FOREIGN_LIMIT and not own.flagged
 
 
+@pytest.mark.slow  # Python processes started through a shell
 def test_a_descendant_that_outlives_its_parent_stays_ours(tmp_path, monkeypatch):
     # As DDP's second rank can: started by a process that exits first, then re-parented to init while it works.
     only_this_tests_load(monkeypatch, tmp_path)

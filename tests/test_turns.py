@@ -52,6 +52,7 @@ def test_a_training_step_waits_while_another_run_holds_the_cores(tiny_cache, tin
     assert len(steps.times) == len(data.train_dataloader())  # and every step ran once it let go
 
 
+@pytest.mark.slow  # Python processes started through a shell
 def test_a_cgroup_cpu_quota_caps_the_cores_a_process_uses(tmp_path):
     """A real cgroup (v1's cpu controller, or v2) limited to half a CPU: a process inside it may use one core."""
     for folder, limit in (
