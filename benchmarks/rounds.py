@@ -48,6 +48,11 @@ class MachineLoad:
 
     SAMPLE_SECONDS = 0.2
 
+    def __init__(self, also_ours: Callable[[], set[int]] = set):
+        # Processes that work for the benchmark outside its process tree (a container engine's), found at each
+        # sample: their trees count as ours.
+        self._also_ours = also_ours
+
     def __enter__(self) -> "MachineLoad":
         self._first: dict[int, int] = {}
         self._last: dict[int, int] = {}
@@ -64,7 +69,7 @@ class MachineLoad:
 
     def _sample(self, started: bool = False) -> dict[int, tuple[int, int, int]]:
         stats = process_ticks()
-        for pid in process_tree(stats, {*self._last, os.getpid()}):
+        for pid in process_tree(stats, {*self._last, os.getpid(), *self._also_ours()}):
             self._first.setdefault(pid, stats[pid][1] if started else 0)  # born while the block ran: from zero
             self._last[pid] = stats[pid][1]
         return stats
@@ -95,14 +100,16 @@ def measure_rounds(
     warmup_rounds: int = 1,
     label: str = "",
     after_each_round: Callable[[], None] = lambda: None,
+    also_ours: Callable[[], set[int]] = set,
 ) -> list[dict]:
     """Run every measurement once per round, order rotated each round; each callable returns one figure (seconds,
     lower is better). Warm-up rounds run untimed first; `after_each_round` runs after every timed round (what the
-    figures are divided by, measured under the same conditions). Returns one record per timed measurement."""
+    figures are divided by, measured under the same conditions); `also_ours`: as MachineLoad's. Returns one record
+    per timed measurement."""
     names, records = list(measurements), []
     for round_index in range(-warmup_rounds, rounds):
         for name in rotated(names, round_index):
-            with MachineLoad() as load:
+            with MachineLoad(also_ours) as load:
                 seconds = measurements[name]()
             if round_index < 0:
                 print(f"  {label}warm-up {name}: {seconds:.4g} s", flush=True)

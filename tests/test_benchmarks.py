@@ -5,6 +5,7 @@ is never asserted here: that is the benchmarks' job."""
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -128,6 +129,27 @@ def test_load_from_another_process_is_foreign_and_our_own_children_are_not(tmp_p
     with rounds.MachineLoad() as own:
         subprocess.run(["sh", "-c", busy_for(1.0)], check=True)
     assert own.foreign < rounds.FOREIGN_LIMIT and not own.flagged
+
+
+@pytest.mark.slow  # Python processes started through a shell
+def test_a_process_named_as_ours_counts_as_ours_with_what_it_starts(tmp_path, monkeypatch):
+    # As a container engine's: a shell outside this tree (its parent has exited) that works for the benchmark, and
+    # the busy Python it starts. Unnamed, they are foreign load; named by `also_ours`, both are ours.
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    only_this_tests_load(monkeypatch, reports)
+    loads = {}
+    for named in (False, True):
+        report = tmp_path / f"busy-{named}"
+        start = f"sh -c {shlex.quote(busy_for(1.5, report))} >/dev/null 2>&1 & echo $!"
+        engine = int(subprocess.run(["sh", "-c", start], capture_output=True, text=True, check=True).stdout)
+        with rounds.MachineLoad(also_ours=(lambda pid=engine: {pid}) if named else set) as loads[named]:
+            while not report.exists():
+                time.sleep(0.1)
+            time.sleep(0.1)  # its CPU seconds written
+            report.rename(reports / report.name)  # on the machine from now on
+    assert loads[False].flagged and loads[False].foreign > 0.2
+    assert loads[True].foreign < rounds.FOREIGN_LIMIT and not loads[True].flagged
 
 
 @pytest.mark.slow  # Python processes started through a shell
