@@ -92,18 +92,28 @@ while todo:
     todo += [Requirement(line) for line in importlib.metadata.requires(requirement.name) or []]
 owners = importlib.metadata.packages_distributions()
 
+def outside_requirements(name):
+    distributions = {canonical(owner) for owner in owners.get(name, [])}
+    return "." not in name and distributions and not distributions & allowed
+
 class OnlyRequirements:
+    # Around each of Python's finders: a library outside the requirements is not found, as where it is not installed
+    # (an import of it fails, and a library's own probe, importlib.util.find_spec, finds nothing)
+    def __init__(self, finder):
+        self.finder = finder
     def find_spec(self, name, path=None, target=None):
         if name == "thermal2visible":  # not installed where the model serves: only the copy packed with it
             spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
             if spec is None or not str(spec.submodule_search_locations[0]).startswith(sys.argv[1]):
                 raise ModuleNotFoundError("thermal2visible is not packed with the model")
             return spec
-        distributions = {canonical(owner) for owner in owners.get(name, [])}
-        if "." not in name and distributions and not distributions & allowed:
-            raise ModuleNotFoundError(f"{name} ({', '.join(sorted(distributions))}) is not among the requirements")
+        if outside_requirements(name) or not hasattr(self.finder, "find_spec"):
+            return None
+        return self.finder.find_spec(name, path, target)
+    def __getattr__(self, attribute):
+        return getattr(self.finder, attribute)
 
-sys.meta_path.insert(0, OnlyRequirements())
+sys.meta_path[:] = [OnlyRequirements(finder) for finder in sys.meta_path]
 import base64, mlflow.pyfunc, pandas
 model = mlflow.pyfunc.load_model(sys.argv[1])
 frame = model.metadata.load_input_example(sys.argv[1])  # a frame of the kind the model was trained on
