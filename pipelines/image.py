@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -108,16 +109,15 @@ def main(params: Params, args: argparse.Namespace) -> None:
     # one compose project per registered model, unless COMPOSE_PROJECT_NAME names another
     env = {"COMPOSE_PROJECT_NAME": registered_model_name(params)} | os.environ | settings
     print(f"{args.replicas} replicas of {tag} behind http://{params.serve.host}:{port}/invocations", flush=True)
-    compose = [
-        "docker-compose",
-        "-f",
-        str(DOCKER / "compose.yaml"),
-        "up",
-        "--build",
-        "--scale",
-        f"model={args.replicas}",
-    ]
-    subprocess.run(compose, env=env, check=True)
+    compose = ["docker-compose", "-f", str(DOCKER / "compose.yaml")]
+    # Ctrl-C reaches compose, which stops the replicas; this process waits for it, then removes what it made, so that
+    # nothing is left behind, as after make serve
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        subprocess.run([*compose, "up", "--build", "--scale", f"model={args.replicas}"], env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        subprocess.run([*compose, "down"], env=env, capture_output=True)
 
 
 def replica_memory_mib(params: Params) -> int:
