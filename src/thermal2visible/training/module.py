@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from thermal2visible.config.schema import TrainConfig
 from thermal2visible.config.stored import upgraded_checkpoint
@@ -49,6 +50,12 @@ def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: str) -> fl
 def linear_decay(max_epochs: int, decay_epochs: int) -> Callable[[int], float]:
     """LR factor per epoch: 1, then a straight line towards 0 over the last `decay_epochs` epochs (as pix2pix)."""
     return lambda epoch: min(1.0, (max_epochs - epoch) / (decay_epochs + 1))
+
+
+def ema_decay(half_life_images: float, batch_size: int) -> float:
+    """The per-step decay of a moving average whose memory of a step halves every `half_life_images` training images
+    (StyleGAN's ema_kimg): the same horizon in images at any batch size."""
+    return 0.5 ** (batch_size / half_life_images)
 
 
 @contextmanager
@@ -86,12 +93,29 @@ class Pix2Pix(LightningModule):
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0
         self.undo = StepUndo(generator, discriminator, train.update_rule)
+        # With train.ema_half_life_images, validation, the kept model and the export use an exponential moving average
+        # of the generator (torch's AveragedModel, buffers too); a submodule, so checkpoints hold it and resume it.
+        self.generator_average = (
+            AveragedModel(
+                generator,
+                multi_avg_fn=get_ema_multi_avg_fn(ema_decay(train.ema_half_life_images, train.batch_size)),
+                use_buffers=True,
+            )
+            if train.ema_half_life_images > 0
+            else None
+        )
         # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
         # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
         self.replicas: dict[str, nn.Module] = {}
         if train.compile:
             self.generator.compile()
             self.discriminator.compile()
+
+    @property
+    def kept_generator(self) -> nn.Module:
+        """The generator validation scores, early stopping keeps and export reads: the moving average, or the trained
+        one."""
+        return self.generator if self.generator_average is None else self.generator_average.module
 
     def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Give G and D a DDP wrapper each, so each backward all-reduces the gradients of its own network only."""
@@ -127,6 +151,8 @@ class Pix2Pix(LightningModule):
             scaler.end_iteration()
         if losses is None:
             return self._skip(opt_d)
+        if self.generator_average is not None:
+            self.generator_average.update_parameters(self.generator)
         losses = {name: value.detach() for name, value in losses.items()}
         self.log_dict(losses, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(thermal))
         return losses
@@ -234,15 +260,16 @@ class Pix2Pix(LightningModule):
         if self.trainer.world_size > 1:
             # Since DDP's last broadcast each rank's batch-norm statistics followed its own shard: validate with
             # rank 0's, the generator that is saved. (DDP broadcasts them again before the next training forward.)
-            for buffer in self.generator.buffers():
+            for buffer in self.kept_generator.buffers():
                 torch.distributed.broadcast(buffer, src=0)
 
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         thermal, real = batch["thermal"], batch["visible"]
         # Scored as evaluate scores: the fp32 weights that are saved, outside autocast (bf16 cancels SSIM's
         # variance terms: 0.28 against 0.72 on the demo's own model), so val_psnr picks the model it measures.
-        with torch.autocast(self.device.type, enabled=False), as_tested(self.generator, self.settings.test_mode):
-            fake = self.generator(thermal.float())
+        generator = self.kept_generator
+        with torch.autocast(self.device.type, enabled=False), as_tested(generator, self.settings.test_mode):
+            fake = generator(thermal.float())
             scores = image_scores(to_unit(fake), to_unit(real))
         for name, values in scores.items():
             self.val_scores[name].update(values)
