@@ -168,18 +168,21 @@ def test_learning_rates_decay_linearly_at_the_end():
 
 
 def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what_validation_scores_and_saves(tmp_path):
-    """train.ema_half_life_images: after every step the kept generator moves towards the trained one by
-    1 - 0.5 ** (batch / half-life), weights and batch-norm statistics alike; validation scores it and early stopping
-    saves it. Off, the kept generator is the trained one."""
+    """train.ema_half_life_images: after every step the kept generator's weights move towards the trained one's by
+    1 - 0.5 ** (batch / half-life), and its batch-norm statistics follow its own activations on the batches trained on
+    (replayed here: the averaged weights of each step run in training mode on that step's batch); validation scores it
+    and early stopping saves it. Off, the kept generator is the trained one."""
     half_life, batch = 3.0, 2
     train = tiny_train(ema_half_life_images=half_life, batch_size=batch, max_epochs=1)
     module = Pix2Pix(*build_networks(tiny_model(dropout=0.0), SIZE, 1, 3), train)
-    trained = []  # the trained generator's floating-point state after every step
+    untrained = copy.deepcopy(module.generator)
+    trained, batches = [], []  # the trained generator's weights after every step, and that step's thermal batch
 
     class AfterEachStep(Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args):
-            state = pl_module.generator.state_dict()
-            trained.append({name: value.clone() for name, value in state.items() if value.is_floating_point()})
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            weights = pl_module.generator.named_parameters()
+            trained.append({name: value.detach().clone() for name, value in weights})
+            batches.append(batch["thermal"].clone())
 
     best = tmp_path / "best.pt"
     stop = PsnrEarlyStopping(window=1, patience=5, best_path=best)
@@ -187,13 +190,20 @@ def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what
     trainer.fit(module, train_dataloaders=loader(count=6), val_dataloaders=loader())
 
     decay = 0.5 ** (batch / half_life)
-    expected = trained[0]  # the first step's weights start the average
-    for state in trained[1:]:
+    replay = untrained.train()
+    expected = {name: value.detach().clone() for name, value in untrained.named_parameters()}  # the average starts here
+    for state, thermal in zip(trained, batches):
         expected = {name: decay * expected[name] + (1 - decay) * state[name] for name in expected}
+        replay.load_state_dict(expected, strict=False)
+        with torch.no_grad():
+            replay(thermal)
     kept = module.kept_generator.state_dict()
-    for name, value in expected.items():
-        torch.testing.assert_close(kept[name], value, msg=name)
+    for name, value in replay.state_dict().items():
+        torch.testing.assert_close(kept[name], value, msg=lambda message, name=name: f"{name}: {message}")
     assert not all(torch.equal(kept[name], trained[-1][name]) for name in expected)  # not the last step's weights
+    statistics = [name for name in kept if name.endswith("running_var")]
+    trained_state = module.generator.state_dict()
+    assert statistics and not all(torch.equal(kept[name], trained_state[name]) for name in statistics)
 
     saved, _ = load_generator(best)
     for name, value in saved.state_dict().items():

@@ -13,6 +13,7 @@ masks (random_streams.RandomStreams).
 
 from __future__ import annotations
 
+import copy
 import math
 from contextlib import contextmanager
 from typing import Callable
@@ -21,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from thermal2visible.config.schema import TrainConfig
 from thermal2visible.config.stored import upgraded_checkpoint
@@ -94,16 +94,14 @@ class Pix2Pix(LightningModule):
         self.bad_steps = 0
         self.undo = StepUndo(generator, discriminator, train.update_rule)
         # With train.ema_half_life_images, validation, the kept model and the export use an exponential moving average
-        # of the generator (torch's AveragedModel, buffers too); a submodule, so checkpoints hold it and resume it.
+        # of the generator's weights, started from its initial ones (as StyleGAN's G_ema); a submodule, so checkpoints
+        # hold it and resume it. Its batch-norm statistics are its own (`_follow_average`): an average of the trained
+        # model's would describe another network's activations (seen: running variances 2.5x the averaged weights'
+        # own, 8 dB lost), which is also why torch's AveragedModel, which averages them or copies them, is not used.
         self.generator_average = (
-            AveragedModel(
-                generator,
-                multi_avg_fn=get_ema_multi_avg_fn(ema_decay(train.ema_half_life_images, train.batch_size)),
-                use_buffers=True,
-            )
-            if train.ema_half_life_images > 0
-            else None
+            copy.deepcopy(generator).requires_grad_(False) if train.ema_half_life_images > 0 else None
         )
+        self.average_decay = ema_decay(train.ema_half_life_images, train.batch_size) if self.generator_average else 0
         # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
         # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
         self.replicas: dict[str, nn.Module] = {}
@@ -115,7 +113,7 @@ class Pix2Pix(LightningModule):
     def kept_generator(self) -> nn.Module:
         """The generator validation scores, early stopping keeps and export reads: the moving average, or the trained
         one."""
-        return self.generator if self.generator_average is None else self.generator_average.module
+        return self.generator if self.generator_average is None else self.generator_average
 
     def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Give G and D a DDP wrapper each, so each backward all-reduces the gradients of its own network only."""
@@ -152,10 +150,19 @@ class Pix2Pix(LightningModule):
         if losses is None:
             return self._skip(opt_d)
         if self.generator_average is not None:
-            self.generator_average.update_parameters(self.generator)
+            self._follow_average(thermal)
         losses = {name: value.detach() for name, value in losses.items()}
         self.log_dict(losses, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(thermal))
         return losses
+
+    @torch.no_grad()
+    def _follow_average(self, thermal: torch.Tensor) -> None:
+        """Move the averaged weights towards the trained ones by 1 - decay, then its batch-norm statistics by the batch
+        just trained on, as training moves the trained model's: a forward of the averaged weights in training mode."""
+        for average, trained in zip(self.generator_average.parameters(), self.generator.parameters()):
+            average.lerp_(trained, 1 - self.average_decay)
+        self.generator_average.train()
+        self.generator_average(thermal)
 
     def _alternating(
         self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g, opt_d
