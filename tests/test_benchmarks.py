@@ -275,3 +275,17 @@ def test_the_step_mix_of_the_layers_adds_up_to_the_plain_steps_flops():
     mixed = sum(STEP_MIX[name.split()[0]] * step_flops(layer, shape) for name, layer, shape in layers)
     batch = [(torch.randn(1, 1, PAPER_SIZE, PAPER_SIZE), torch.randn(1, 3, PAPER_SIZE, PAPER_SIZE))]
     assert mixed == pytest.approx(plain_step_flops(PAPER_SIZE, batch), rel=0.01)
+
+
+def test_a_seed_spread_summarises_each_score_over_the_runs_that_have_it():
+    from benchmarks.seed_spread import spread
+
+    runs = [
+        {"test_psnr": 21.0, "test_ssim": 0.70, "identity": 0.8, "wall_s": 100.0},
+        {"test_psnr": 22.5, "test_ssim": 0.72, "identity": None, "wall_s": 120.0},
+        {"test_psnr": 21.9, "test_ssim": 0.65, "identity": 1.0, "wall_s": 110.0},
+    ]
+    figures = spread(runs)
+    assert figures["test_psnr"] == pytest.approx({"mean": 21.8, "min": 21.0, "max": 22.5, "spread": 1.5})
+    assert figures["test_ssim"]["spread"] == pytest.approx(0.07)
+    assert figures["identity"] == pytest.approx({"mean": 0.9, "min": 0.8, "max": 1.0, "spread": 0.2})  # 2 of 3

@@ -9,7 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lightning.pytorch import Callback
+
 from thermal2visible.errors import ConfigError
+from thermal2visible.metrics import psnr, to_unit
+from thermal2visible.models.generator import as_tested
+from thermal2visible.models.payloads import load_generator
+from thermal2visible.training.early_stopping import PsnrEarlyStopping
 from thermal2visible.models.discriminators.patchgan import (
     PatchDiscriminator,
     patch_layers,
@@ -159,3 +165,54 @@ def test_learning_rates_decay_linearly_at_the_end():
     trainer = build_trainer(train)
     trainer.fit(module, train_dataloaders=loader())
     assert trainer.callback_metrics["lr"].item() == pytest.approx(1e-3 / 3)  # epoch 3 of 3: 1/3 of the rate
+
+
+def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what_validation_scores_and_saves(tmp_path):
+    """train.ema_half_life_images: after every step the kept generator's weights move towards the trained one's by
+    1 - 0.5 ** (batch / half-life), and its batch-norm statistics follow its own activations on the batches trained on
+    (replayed here: the averaged weights of each step run in training mode on that step's batch); validation scores it
+    and early stopping saves it. Off, the kept generator is the trained one."""
+    half_life, batch = 3.0, 2
+    train = tiny_train(ema_half_life_images=half_life, batch_size=batch, max_epochs=1)
+    module = Pix2Pix(*build_networks(tiny_model(dropout=0.0), SIZE, 1, 3), train)
+    untrained = copy.deepcopy(module.generator)
+    trained, batches = [], []  # the trained generator's weights after every step, and that step's thermal batch
+
+    class AfterEachStep(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            weights = pl_module.generator.named_parameters()
+            trained.append({name: value.detach().clone() for name, value in weights})
+            batches.append(batch["thermal"].clone())
+
+    best = tmp_path / "best.pt"
+    stop = PsnrEarlyStopping(window=1, patience=5, best_path=best)
+    trainer = build_trainer(train, callbacks=[stop, AfterEachStep()])
+    trainer.fit(module, train_dataloaders=loader(count=6), val_dataloaders=loader())
+
+    decay = 0.5 ** (batch / half_life)
+    replay = untrained.train()
+    expected = {name: value.detach().clone() for name, value in untrained.named_parameters()}  # the average starts here
+    for state, thermal in zip(trained, batches):
+        expected = {name: decay * expected[name] + (1 - decay) * state[name] for name in expected}
+        replay.load_state_dict(expected, strict=False)
+        with torch.no_grad():
+            replay(thermal)
+    kept = module.kept_generator.state_dict()
+    for name, value in replay.state_dict().items():
+        torch.testing.assert_close(kept[name], value, msg=lambda message, name=name: f"{name}: {message}")
+    assert not all(torch.equal(kept[name], trained[-1][name]) for name in expected)  # not the last step's weights
+    statistics = [name for name in kept if name.endswith("running_var")]
+    trained_state = module.generator.state_dict()
+    assert statistics and not all(torch.equal(kept[name], trained_state[name]) for name in statistics)
+
+    saved, _ = load_generator(best)
+    for name, value in saved.state_dict().items():
+        torch.testing.assert_close(value, kept[name], msg=f"saved {name}")
+    scores = []
+    with torch.no_grad(), as_tested(module.kept_generator, train.test_mode):
+        for batch in loader():
+            scores += psnr(to_unit(module.kept_generator(batch["thermal"])), to_unit(batch["visible"])).tolist()
+    assert trainer.callback_metrics["val_psnr"].item() == pytest.approx(sum(scores) / len(scores), rel=1e-5)
+
+    plain = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train())
+    assert plain.kept_generator is plain.generator

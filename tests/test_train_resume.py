@@ -214,7 +214,10 @@ def test_a_run_whose_process_died_before_its_first_checkpoint_is_marked_killed(t
 @pytest.mark.parametrize(
     "overrides",
     [
-        pytest.param(("train.devices=2", "train.batch_size=4"), id="two DDP processes over gloo"),
+        pytest.param(
+            ("train.devices=2", "train.batch_size=4", "train.ema_half_life_images=16"),
+            id="two DDP processes over gloo, moving-average generator",
+        ),
         pytest.param(
             ("model.generator=resnet", "model.discriminator_settings.scales=2", "train.lambda_feat=10"),
             id="ResNet generator, 2-scale D, feature matching",

@@ -176,6 +176,8 @@ class TrainConfig:
     image_log_every: int = run_setting()
     seed: int = defines_weights()
     test_mode: Literal["eval", "train"] = defines_weights()
+    # the kept generator: an exponential moving average of the trained one (0: the trained one itself)
+    ema_half_life_images: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)
 
 
 @dataclass(frozen=True, config=SCHEMA)

@@ -100,7 +100,7 @@ class PsnrEarlyStopping(Callback):
         latest = len(self.history)
         if self.best_path and trainer.is_global_zero and self.best_epoch == latest and self.kept_epoch != latest:
             save_generator(
-                pl_module.generator,
+                pl_module.kept_generator,
                 self.best_path,
                 pl_module.settings.test_mode,
                 epoch=self.best_epoch,
