@@ -10,7 +10,7 @@ drift of the machine hits every setup alike. Quality does not depend on the mach
 
 Writes a new benchmarks/results/<date>-seed_spread.json, .md and .png (--report names them otherwise, --out puts them
 at a path of your choice).
-Usage: python -m benchmarks.seed_spread [--seeds 5] [--variant "train.ema_half_life_images=512" ...]
+Usage: python -m benchmarks.seed_spread [--seeds 5] [--first-seed 0] [--variant "train.ema_half_life_images=512" ...]
        [--report seed_spread] [--out PATH]
 """
 
@@ -108,7 +108,8 @@ def plot(runs: dict[str, list[dict]], summary: dict[str, dict], path: Path) -> N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5, help="train.seed 0 .. N-1, each a round")
+    parser.add_argument("--seeds", type=int, default=5, help="train.seed FIRST .. FIRST+N-1, each a round")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first train.seed (default 0)")
     parser.add_argument("--params", type=Path, default=PARAMS)
     parser.add_argument(
         "--variant",
@@ -122,14 +123,15 @@ def main() -> None:
     args = parser.parse_args()
     setups = {DEFAULT: ["train.image_log_every=0"]}
     setups |= {variant: [*setups[DEFAULT], *variant.split()] for variant in args.variants}
-    print(f"{machine_text()}; seeds 0-{args.seeds - 1}; setups: {', '.join(setups)}", flush=True)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    print(f"{machine_text()}; seeds {seeds[0]}-{seeds[-1]}; setups: {', '.join(setups)}", flush=True)
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(load_params(args.params).mlflow.experiment)
     runs: dict[str, list[dict]] = {setup: [] for setup in setups}
     with tempfile.TemporaryDirectory(prefix="t2v-seeds-") as work, mlflow.start_run(run_name="seed-spread") as parent:
-        mlflow.log_params({"seeds": args.seeds, "variants": args.variants})
+        mlflow.log_params({"seeds": args.seeds, "first_seed": args.first_seed, "variants": args.variants})
         cache = prepare_cache(Path(work), args.params, [])
-        for seed in range(args.seeds):
+        for seed in seeds:
             for setup in rotated(list(setups), seed):
                 name = f"{setup} seed {seed}"
                 run = scored_run(Path(work), name, cache, args.params, [*setups[setup], f"train.seed={seed}"])
