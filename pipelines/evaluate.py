@@ -20,6 +20,7 @@ always runs that stage, so the store gets the run even where DVC skips this one.
 """
 
 from functools import partial
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ def mean_training_face(visible_channels: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def evaluate(
-    generator: torch.nn.Module, test_mode: str, batches, channels: int
+    generator: torch.nn.Module, test_mode: str, batches: Iterable[dict[str, torch.Tensor]], channels: int
 ) -> tuple[dict, np.ndarray | None, dict]:
     """Scores on the test split, the generator run in `test_mode` (models.generator.as_tested) as validation ran
     it; also the faces to score identity on (`FACES` and their identity labels). `batches`: the test split's, in
