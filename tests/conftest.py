@@ -166,8 +166,9 @@ def no_inherited_mlflow_context():
     os.environ.update(before)
 
 
-# Programs that run the command they are given: a shell's `-c` script, or the rest of their arguments.
-LAUNCHERS = {"sh", "bash", "dash", "zsh", "env", "nice", "timeout", "setsid", "xargs"}
+# Programs that run the command they are given: a shell its `-c` script, the others the rest of their arguments.
+SHELLS = {"sh", "bash", "dash", "zsh"}
+LAUNCHERS = {"env", "nice", "timeout", "setsid", "xargs"}
 
 
 def python_program(args) -> bool:
@@ -177,9 +178,10 @@ def python_program(args) -> bool:
     program = Path(shutil.which(words[0]) or words[0]) if words else Path()
     if program.name.startswith("python") or program.parent == Path(sys.executable).parent:
         return True
+    if program.name in SHELLS and "-c" in words[:-1]:
+        return any(python_program([word]) for word in shlex.split(words[words.index("-c") + 1]))
     if program.name in LAUNCHERS:
-        script = words[words.index("-c") + 1] if "-c" in words[:-1] else shlex.join(words[1:])
-        return any(python_program([word]) for word in shlex.split(script))
+        return any(python_program([word]) for word in words[1:])
     return False
 
 

@@ -19,6 +19,7 @@ VENV_COMMAND = str(Path(sys.executable).with_name("dvc"))
         ["bash", "-c", f"cd /tmp && {sys.executable} -V"],
         ["sh", "-c", "true; python3 -c pass"],
         ["timeout", "30", "python3", "-V"],
+        ["timeout", "30", sys.executable, "-c", "pass"],  # a launcher's command with its own -c
         ["env", "A=1", VENV_COMMAND, "repro"],
         f"{sys.executable} -c pass",
     ],
