@@ -8,11 +8,9 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
-import requests
 
 from thermal2visible.dev.servers import PROJECT, free_port, quiet_env, running
 
@@ -46,35 +44,16 @@ def build_image(project: Path, *arguments: str, timeout_s: float = 1200) -> str:
 
 @contextlib.contextmanager
 def container(tag: str, log: Path, timeout_s: float = 180) -> Iterator[str]:
-    """`docker run` of the image `tag` with its port on a free 127.0.0.1 port; yields the base URL once /ping answers,
-    always removes the container (its log written to `log` first)."""
+    """`docker run` of the image `tag` with its port on a free 127.0.0.1 port, in the foreground (its log to `log`);
+    yields the base URL once /ping answers, always removes the container."""
     port = free_port()
-    started = subprocess.run(
-        ["docker", "run", "-d", "-p", f"127.0.0.1:{port}:8080", tag], capture_output=True, text=True, check=True
-    )
-    identity = started.stdout.strip()
+    name = f"t2v-test-{os.getpid()}-{port}"
+    command = ["docker", "run", "--rm", "--name", name, "-p", f"127.0.0.1:{port}:8080", tag]
     try:
-        _wait_until_ready(f"http://127.0.0.1:{port}/ping", identity, timeout_s)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        log.write_text(subprocess.run(["docker", "logs", identity], capture_output=True, text=True).stdout)
-        subprocess.run(["docker", "rm", "-f", identity], capture_output=True)
-
-
-def _wait_until_ready(url: str, identity: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(requests.ConnectionError, requests.Timeout):
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        state = subprocess.run(
-            ["docker", "inspect", "-f", "{{.State.Status}}", identity], capture_output=True, text=True
-        )
-        if state.stdout.strip() not in ("created", "running"):
-            logs = subprocess.run(["docker", "logs", identity], capture_output=True, text=True)
-            raise RuntimeError(f"container {identity[:12]} {state.stdout.strip()}:\n{logs.stderr[-3000:]}")
-        time.sleep(0.25)
-    raise RuntimeError(f"container {identity[:12]} not ready at {url} after {timeout_s:.0f} s")
+        with running(command, "/ping", port, log, quiet_env(), timeout_s) as url:
+            yield url  # stopping `docker run` stops the container (docker proxies the signal)
+    finally:  # and if it was killed before it could
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
 
 @contextlib.contextmanager
