@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from test_bounded_work import stalled_upload
 from thermal2visible.dev.containers import build_image, container, docker_missing, replicas
 from thermal2visible.dev.servers import PROJECT, model_server
 
@@ -78,6 +79,11 @@ def replica_requests(compose_project: str) -> list[int]:
     return [(log.stdout + log.stderr).count("POST /invocations") for log in logs]
 
 
+def stalled_answer(url: str) -> bytes:
+    with stalled_upload(url) as connection:
+        return connection.recv(4096)
+
+
 def under_load(url: str, frame: Path) -> dict:
     from benchmarks.rest_load import load  # the load benchmark's clients, each sending its next request on its answer
 
@@ -104,5 +110,8 @@ def test_two_replicas_behind_the_balancer_share_the_load(pipeline_project, image
         assert refusals(url) == refusals(served)
         figures = under_load(url, frame)
         assert figures["errors"] == 0 and figures["requests"] == CLIENTS * REQUESTS, figures["first_errors"]
+        # a stalled upload passes the balancer as it arrives: the replica's read timeout answers it, as make serve's
+        status = stalled_answer(url).split(b"\r\n")[0]
+        assert status.startswith(b"HTTP/1.1 408") and status == stalled_answer(served).split(b"\r\n")[0]
         answered = replica_requests(compose_project)
         assert len(answered) == 2 and min(answered) > 0, answered  # both replicas took requests
