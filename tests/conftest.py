@@ -13,6 +13,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from filelock import FileLock
 
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DVC_NO_ANALYTICS"] = "1"
@@ -32,6 +33,8 @@ from thermal2visible.config.load import apply_override, load_params, preset_over
 from thermal2visible.config.schema import Params  # noqa: E402
 from thermal2visible.dev.projects import copy_project  # noqa: E402
 from thermal2visible.dev.servers import quiet_env  # noqa: E402
+
+pytest_plugins = ["longest_first"]  # the order of the modules: longest first
 
 REPO = Path(__file__).resolve().parents[1]
 # and one thread: tests compare weights bit for bit, on machines of any core count
@@ -142,13 +145,39 @@ def project_copy(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def pipeline_project(tmp_path_factory) -> Path:
     """A project in which the whole tiny pipeline has run (`dvc repro`): its outputs, dvc.lock and MLflow store
-    (mlflow.db), shared by the tests that only read it or clone it."""
-    repo = make_project(tmp_path_factory.mktemp("pipeline") / "project")
-    done = subprocess.run(  # quiet_env: the stages run this interpreter's `python`
-        [str(Path(sys.executable).with_name("dvc")), "repro"], cwd=repo, capture_output=True, text=True, env=quiet_env()
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (mlflow.db), shared by the tests that only read it or copy it. Built once in a run: pytest-xdist's workers share
+    their base temporary folder's parent, and the first that needs the project builds it while the others wait."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    repo, built = shared / "pipeline" / "project", shared / "pipeline.built"
+    with FileLock(shared / "pipeline.lock"):
+        if not built.exists():
+            shutil.rmtree(repo.parent, ignore_errors=True)  # a build another worker did not finish
+            make_project(repo)
+            done = subprocess.run(  # quiet_env: the stages run this interpreter's `python`
+                [str(Path(sys.executable).with_name("dvc")), "repro"],
+                cwd=repo,
+                capture_output=True,
+                text=True,
+                env=quiet_env(),
+            )
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            built.touch()
     return repo
+
+
+def copy_without_store(project: Path, folder: Path) -> Path:
+    """A copy of a project that ran the pipeline, less its MLflow store (its runs name the original's artifact folder)
+    and DVC's locks and state: the shared project stays as it was built, whatever a test does to its copy."""
+
+    def left_out(parent: str, names: list[str]) -> set[str]:
+        if Path(parent).name == ".dvc":
+            return {"tmp"} & set(names)
+        return {"mlflow.db", "mlruns", "mlartifacts"} & set(names)
+
+    shutil.copytree(project, folder, symlinks=True, ignore=left_out)
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -169,11 +169,12 @@ def test_learning_rates_decay_linearly_at_the_end():
 
 def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what_validation_scores_and_saves(tmp_path):
     """train.ema_half_life_images: after every step the kept generator's weights move towards the trained one's by
-    1 - 0.5 ** (batch / half-life), and its batch-norm statistics follow its own activations on the batches trained on
-    (replayed here: the averaged weights of each step run in training mode on that step's batch); validation scores it
-    and early stopping saves it. Off, the kept generator is the trained one."""
-    half_life, batch = 3.0, 2
-    train = tiny_train(ema_half_life_images=half_life, batch_size=batch, max_epochs=1)
+    1 - 0.5 ** (batch / half-life), the half-life at most train.ema_ramp_up of the images trained on so far, and its
+    batch-norm statistics follow its own activations on the batches trained on (replayed here: the averaged weights of
+    each step run in training mode on that step's batch); validation scores it and early stopping saves it. Off, the
+    kept generator is the trained one."""
+    half_life, ramp_up, batch = 3.0, 0.25, 2
+    train = tiny_train(ema_half_life_images=half_life, ema_ramp_up=ramp_up, batch_size=batch, max_epochs=2)
     module = Pix2Pix(*build_networks(tiny_model(dropout=0.0), SIZE, 1, 3), train)
     untrained = copy.deepcopy(module.generator)
     trained, batches = [], []  # the trained generator's weights after every step, and that step's thermal batch
@@ -189,10 +190,12 @@ def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what
     trainer = build_trainer(train, callbacks=[stop, AfterEachStep()])
     trainer.fit(module, train_dataloaders=loader(count=6), val_dataloaders=loader())
 
-    decay = 0.5 ** (batch / half_life)
     replay = untrained.train()
     expected = {name: value.detach().clone() for name, value in untrained.named_parameters()}  # the average starts here
-    for state, thermal in zip(trained, batches):
+    half_lives = [min(half_life, ramp_up * batch * step) for step in range(1, len(trained) + 1)]
+    assert half_lives[0] < half_life == half_lives[-1]  # the ramp-up, then the half-life itself
+    for state, thermal, step_half_life in zip(trained, batches, half_lives):
+        decay = 0.5 ** (batch / step_half_life)
         expected = {name: decay * expected[name] + (1 - decay) * state[name] for name in expected}
         replay.load_state_dict(expected, strict=False)
         with torch.no_grad():

@@ -3,7 +3,6 @@ blocks, so a recipe that stops working fails here instead of in a user's shell."
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from conftest import copy_without_store
 from thermal2visible.dev.servers import quiet_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,14 +60,6 @@ def settled(project: Path) -> None:
     assert stages == ["register:"], f"{project.name}: {status}"
 
 
-def without_store(folder: str, names: list[str]) -> set[str]:
-    """What a copy of a project that ran the demo leaves out: its MLflow store (runs name the original's artifact
-    folder) and DVC's locks and state."""
-    if Path(folder).name == ".dvc":
-        return {"tmp"} & set(names)
-    return {"mlflow.db", "mlruns", "mlartifacts"} & set(names)
-
-
 @pytest.mark.slow  # two tiny pipelines and a half, beside the shared one
 @pytest.mark.timeout(1200)
 def test_the_way_back_after_a_failed_experiment_and_from_the_camera_scene_ends_as_committed(pipeline_project, tmp_path):
@@ -75,9 +67,8 @@ def test_the_way_back_after_a_failed_experiment_and_from_the_camera_scene_ends_a
     DVC's cache: nothing retrains), and camera.md's run and way back in a clone that never ran the demo (no cache:
     `dvc repro` makes them), each as written, at the tests' size."""
     demo = tmp_path / "demo"
-    shutil.copytree(pipeline_project, demo, symlinks=True, ignore=without_store)
-    # the shared project's run may be committed already (the team tests push it)
-    shell("git add -A && git -c user.name=t -c user.email=t@t commit -qm demo --allow-empty", demo)
+    copy_without_store(pipeline_project, demo)
+    shell("git add -A && git -c user.name=t -c user.email=t@t commit -qm demo", demo)  # the demo's run committed
     fresh = tmp_path / "fresh"
     shell(f"git clone -q {demo} {fresh}", tmp_path)
 

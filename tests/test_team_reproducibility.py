@@ -26,7 +26,7 @@ import yaml
 from mlflow import MlflowClient
 from PIL import Image
 
-from conftest import make_project
+from conftest import copy_without_store, make_project
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.dev.servers import free_port, mlflow_server, quiet_env, running
@@ -77,7 +77,7 @@ def ran(output: str) -> set[str]:
 def pushed(pipeline_project, tmp_path_factory) -> tuple[Path, Path]:
     """The whole tiny pipeline run in a project and in its clone; the project's record committed and pushed."""
     root = tmp_path_factory.mktemp("team")
-    first, second = pipeline_project, root / "second"
+    first, second = copy_without_store(pipeline_project, root / "first"), root / "second"
     recorded = {
         name if lock == "dvc.lock" else f"{lock.replace('.lock', '.yaml')}:{name}"
         for lock in ("dvc.lock", "data/dvc.lock")

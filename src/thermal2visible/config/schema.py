@@ -178,6 +178,7 @@ class TrainConfig:
     test_mode: Literal["eval", "train"] = defines_weights()
     # the kept generator: an exponential moving average of the trained one (0: the trained one itself)
     ema_half_life_images: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)
+    ema_ramp_up: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)
 
 
 @dataclass(frozen=True, config=SCHEMA)

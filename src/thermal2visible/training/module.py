@@ -13,7 +13,6 @@ masks (random_streams.RandomStreams).
 
 from __future__ import annotations
 
-import copy
 import math
 from contextlib import contextmanager
 from typing import Callable
@@ -30,6 +29,7 @@ from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
+from thermal2visible.training.moving_average import MovingAverage
 from thermal2visible.training.precision import OncePerIterationScaler
 from thermal2visible.training.undo import StepUndo, finite_everywhere
 
@@ -50,12 +50,6 @@ def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: str) -> fl
 def linear_decay(max_epochs: int, decay_epochs: int) -> Callable[[int], float]:
     """LR factor per epoch: 1, then a straight line towards 0 over the last `decay_epochs` epochs (as pix2pix)."""
     return lambda epoch: min(1.0, (max_epochs - epoch) / (decay_epochs + 1))
-
-
-def ema_decay(half_life_images: float, batch_size: int) -> float:
-    """The per-step decay of a moving average whose memory of a step halves every `half_life_images` training images
-    (StyleGAN's ema_kimg): the same horizon in images at any batch size."""
-    return 0.5 ** (batch_size / half_life_images)
 
 
 @contextmanager
@@ -93,15 +87,13 @@ class Pix2Pix(LightningModule):
         self.val_scores = score_means(prefix="val_")
         self.bad_steps = 0
         self.undo = StepUndo(generator, discriminator, train.update_rule)
-        # With train.ema_half_life_images, validation, the kept model and the export use an exponential moving average
-        # of the generator's weights, started from its initial ones (as StyleGAN's G_ema); a submodule, so checkpoints
-        # hold it and resume it. Its batch-norm statistics are its own (`_follow_average`): an average of the trained
-        # model's would describe another network's activations (seen: running variances 2.5x the averaged weights'
-        # own, 8 dB lost), which is also why torch's AveragedModel, which averages them or copies them, is not used.
+        # With train.ema_half_life_images, the kept generator is a moving average of the trained one
+        # (moving_average.py); a submodule, so checkpoints hold it and resume it.
         self.generator_average = (
-            copy.deepcopy(generator).requires_grad_(False) if train.ema_half_life_images > 0 else None
+            MovingAverage(generator, train.ema_half_life_images, train.ema_ramp_up, train.batch_size)
+            if train.ema_half_life_images > 0
+            else None
         )
-        self.average_decay = ema_decay(train.ema_half_life_images, train.batch_size) if self.generator_average else 0
         # What the training step calls: DistributedDataParallel wrappers under DDP (see `distribute`), else the
         # networks themselves. A plain dict, so the wrappers never enter state_dict and checkpoints stay portable.
         self.replicas: dict[str, nn.Module] = {}
@@ -113,7 +105,7 @@ class Pix2Pix(LightningModule):
     def kept_generator(self) -> nn.Module:
         """The generator validation scores, early stopping keeps and export reads: the moving average, or the trained
         one."""
-        return self.generator if self.generator_average is None else self.generator_average
+        return self.generator if self.generator_average is None else self.generator_average.network
 
     def distribute(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Give G and D a DDP wrapper each, so each backward all-reduces the gradients of its own network only."""
@@ -150,19 +142,10 @@ class Pix2Pix(LightningModule):
         if losses is None:
             return self._skip(opt_d)
         if self.generator_average is not None:
-            self._follow_average(thermal)
+            self.generator_average.follow(self.generator, thermal)
         losses = {name: value.detach() for name, value in losses.items()}
         self.log_dict(losses, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(thermal))
         return losses
-
-    @torch.no_grad()
-    def _follow_average(self, thermal: torch.Tensor) -> None:
-        """Move the averaged weights towards the trained ones by 1 - decay, then its batch-norm statistics by the batch
-        just trained on, as training moves the trained model's: a forward of the averaged weights in training mode."""
-        for average, trained in zip(self.generator_average.parameters(), self.generator.parameters()):
-            average.lerp_(trained, 1 - self.average_decay)
-        self.generator_average.train()
-        self.generator_average(thermal)
 
     def _alternating(
         self, thermal: torch.Tensor, real: torch.Tensor, batch: dict, opt_g, opt_d
