@@ -52,21 +52,18 @@ ui: setup  # `make ui PORT=5050` for another port
 screenshots: setup
 	$(PY) -m thermal2visible.dev.ui
 
-# Test processes (pytest-xdist): each test module stays on one process, so its module-wide fixtures are built once,
-# and the modules are dealt longest first (tests/longest_first.py), not xdist's most-tests-first. The fast tests take
-# one process per core; the whole suite one more than the cores, as its tests spend a fifth of their time waiting
-# on servers, containers and process start-ups (one process per core kept 1.55 of 2 cores busy).
-SCHEDULE := --dist loadscope --no-loadscope-reorder
-CORES := $(shell python3 -c "import os; print(len(os.sched_getaffinity(0)))")
-WHOLE_SUITE := -n $$(( $(CORES) + 1 )) $(SCHEDULE)
+# One test process per core (pytest-xdist): the suite is CPU-bound (three processes on two cores did the same work no
+# faster). Each test module stays on one process, so its module-wide fixtures are built once, and the modules are
+# dealt longest first (tests/longest_first.py), not xdist's most-tests-first, so the processes end together.
+PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
 test: setup
-	$(PY) -m pytest $(WHOLE_SUITE)
+	$(PY) -m pytest $(PARALLEL)
 
 test-fast: setup  # the inner loop: no test that starts a Python process (tests/conftest.py holds them to the slow mark)
-	$(PY) -m pytest -n $(CORES) $(SCHEDULE) -m "not slow"
+	$(PY) -m pytest $(PARALLEL) -m "not slow"
 
 test-durations: setup  # a whole run that stores each module's time in tests/durations.json: the next runs' order
-	$(PY) -m pytest $(WHOLE_SUITE) --store-durations
+	$(PY) -m pytest $(PARALLEL) --store-durations
 
 lint: setup  # what CI runs: the rules, and the format (`make format` applies it)
 	$(VENV)/bin/ruff check .
