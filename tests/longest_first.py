@@ -23,6 +23,10 @@ def pytest_addoption(parser):
     )
 
 
+def stored() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+
 def longest_first(modules: list[str], seconds: dict[str, float]) -> list[str]:
     """`modules` (in collection order) ordered by their cost, longest first; equal costs keep their order."""
     known = [seconds[module] for module in modules if module in seconds]
@@ -35,7 +39,7 @@ def module_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    seconds = stored()
     by_module: dict[str, list] = defaultdict(list)
     for item in items:
         by_module[module_of(item.nodeid)].append(item)
@@ -52,8 +56,7 @@ class DurationStore:
         self.seconds[module_of(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self, session):
-        stored = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-        kept = {module: time for module, time in stored.items() if (session.config.rootpath / module).exists()}
+        kept = {module: time for module, time in stored().items() if (session.config.rootpath / module).exists()}
         seconds = kept | {module: round(time, 1) for module, time in self.seconds.items()}
         ordered = dict(sorted(seconds.items(), key=lambda item: -item[1]))
         DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
