@@ -2,7 +2,9 @@
 reaches the best the pix2pix default setup (batch 1, fp32, NCHW, plain Adam, memory-mapped input:
 params/pix2pix_default.yaml) reaches, for that setup and for this project's default (params.yaml: batch 8, precision
 auto, fused Adam, preloaded cache) and, for each --variant, the project default with that variant's changes; and the
-test PSNR each ends with.
+test PSNR each ends with. With --budgets, the quality at equal wall time as well: in each round the pix2pix default
+trains again for each budget, a multiple of the project default's wall time in that round (train.max_minutes, no
+early stop and no epoch cap: time alone ends it), and its test PSNR stands beside the project default's.
 
 All are real `pipelines/train.py` runs on the demo data (this project's data/ingested, preprocessed by
 pipelines/preprocess.py), each in a scratch project, then `pipelines/evaluate.py` on its test split. All stop by the
@@ -15,7 +17,7 @@ PSNR reaches the pix2pix default's best in the same round. The child-run machine
 Writes a new benchmarks/results/<date>-time_to_quality.json and .png (--report names them otherwise, --out puts
 them at a path of your choice).
 Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window W] [--patience P] [--max-epochs 60]
-       [--variant "train.batch_size=4 train.lr_scaling=sqrt" ...] [--report time_to_quality]
+       [--variant "train.batch_size=4 train.lr_scaling=sqrt" ...] [--budgets 1 3] [--report time_to_quality]
        [--out PATH]
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -68,6 +71,34 @@ def seconds_to(child: dict, target: float) -> float:
     return next(reached, math.inf)
 
 
+def budget_overrides(project_wall_s: float, factor: float) -> list[str]:
+    """A run that time alone ends: `factor` times the project default's wall time, no early stop, no epoch cap."""
+    unbounded = 10**6
+    return [
+        f"train.max_minutes={factor * project_wall_s / 60:.4f}",
+        f"train.max_epochs={unbounded}",
+        f"early_stop.patience={unbounded}",
+    ]
+
+
+def at_equal_budgets(runs: list[dict]) -> dict[str, dict]:
+    """Per budget, the pix2pix default's test PSNR against the project default's (same round), each round's
+    difference, and their median and range."""
+    summary: dict[str, dict] = {}
+    for factor in dict.fromkeys(run["budget_factor"] for run in runs):
+        rounds = [run for run in runs if run["budget_factor"] == factor]
+        gains = sorted(run["project_test_psnr"] - run["pix2pix_test_psnr"] for run in rounds)
+        summary[f"{factor:g}x"] = {
+            "rounds": len(rounds),
+            "pix2pix_test_psnr": [run["pix2pix_test_psnr"] for run in rounds],
+            "project_test_psnr": [run["project_test_psnr"] for run in rounds],
+            "project_gain_db_median": statistics.median(gains),
+            "project_gain_db_min": gains[0],
+            "project_gain_db_max": gains[-1],
+        }
+    return summary
+
+
 def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
     """Colour: the setup; line style: the seed (test PSNRs are in the printed table and the JSON)."""
     names = list(dict.fromkeys(name for name, _ in children))
@@ -109,6 +140,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--patience", type=int, help="early-stop patience (default: params.yaml's)")
     parser.add_argument("--max-epochs", type=int, default=60)
     parser.add_argument("--params", type=Path, default=PARAMS)
+    parser.add_argument(
+        "--budgets",
+        type=float,
+        nargs="*",
+        default=[],
+        metavar="FACTOR",
+        help="also train the pix2pix default for FACTOR times the project default's wall time, per round (e.g. 1 3)",
+    )
     parser.add_argument(
         "--variant",
         dest="variants",
@@ -180,6 +219,34 @@ def main() -> None:
             return train
 
         records = measure_rounds({name: run(name) for name in setups}, args.rounds, warmup_rounds=0)
+        budget_runs = []
+        for (name, seed), project in list(children.items()):
+            for factor in args.budgets if name == PROJECT else []:
+                budgeted = trained_and_tested(
+                    Path(work),
+                    f"{PAPER} for {factor:g}x seed {seed}",
+                    cache,
+                    args.params,
+                    [*setups[PAPER], f"train.seed={seed}", *budget_overrides(project["wall_s"], factor)],
+                )
+                mlflow.MlflowClient().set_tag(budgeted["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
+                budget_runs.append(
+                    {
+                        "seed": seed,
+                        "budget_factor": factor,
+                        "budget_s": round(factor * project["wall_s"], 1),
+                        "pix2pix_test_psnr": budgeted["test_psnr"],
+                        "pix2pix_wall_s": budgeted["wall_s"],
+                        "pix2pix_stopped_epoch": budgeted["stopped_epoch"],
+                        "project_test_psnr": project["test_psnr"],
+                    }
+                )
+                print(
+                    f"    {PAPER} for {factor:g}x the project default's {project['wall_s']} s, seed {seed}: test "
+                    f"{budgeted['test_psnr']:.2f} dB after {budgeted['stopped_epoch']} epochs; the project default: "
+                    f"{project['test_psnr']:.2f} dB",
+                    flush=True,
+                )
     # The figure compared is the time to the pix2pix default's best in the same round, not the wall time.
     for (name, seed), child in children.items():
         child["target_psnr"] = round(children[PAPER, seed]["best_psnr_smoothed"], 4)
@@ -227,6 +294,13 @@ def main() -> None:
             f"{name}: speed-up to the pix2pix default's best smoothed PSNR {ratio_text(summary['configs'][name])} "
             f"({summary['rounds_counted']} rounds); {machine_text()}"
         )
+    equal_budgets = at_equal_budgets(budget_runs)
+    for budget, figures in equal_budgets.items():
+        print(
+            f"at {budget} the project default's wall time: the project default's test PSNR is "
+            f"{figures['project_gain_db_median']:+.2f} dB [{figures['project_gain_db_min']:+.2f} to "
+            f"{figures['project_gain_db_max']:+.2f}] from the pix2pix default's ({figures['rounds']} rounds)"
+        )
     stem = result_stem(args.report, args.out)
     write_report(
         stem,
@@ -238,6 +312,7 @@ def main() -> None:
             "max_epochs": args.max_epochs,
             "setups": setups,
             "runs": [c | {"setup": n, "seed": s} for (n, s), c in children.items()],
+            "equal_budgets": {"runs": budget_runs, "summary": equal_budgets},
         },
     )
     plot(children, summary, result_file(stem, ".png"), machine_text())

@@ -289,3 +289,38 @@ def test_a_seed_spread_summarises_each_score_over_the_runs_that_have_it():
     assert figures["test_psnr"] == pytest.approx({"mean": 21.8, "min": 21.0, "max": 22.5, "spread": 1.5})
     assert figures["test_ssim"]["spread"] == pytest.approx(0.07)
     assert figures["identity"] == pytest.approx({"mean": 0.9, "min": 0.8, "max": 1.0, "spread": 0.2})  # 2 of 3
+
+
+def test_an_equal_budget_run_is_ended_by_time_alone():
+    """--budgets: the pix2pix default trains for a multiple of the project default's wall time, the run's other ends
+    (early stop, the epoch cap) out of its way; the overrides are params the stages accept."""
+    from benchmarks.time_to_quality import budget_overrides
+
+    from thermal2visible.config.load import load_params, preset_overrides
+    from thermal2visible.paths import PIX2PIX_DEFAULT
+
+    params = load_params(PARAMS, [*preset_overrides(PIX2PIX_DEFAULT), *budget_overrides(300.0, 3)])
+    assert params.train.max_minutes == pytest.approx(15.0)
+    assert params.train.max_epochs * 1.0 > 15 * 60 * 1000  # more epochs than a millisecond each could fill
+    assert params.early_stop.patience >= params.train.max_epochs
+
+
+def test_equal_budgets_give_each_rounds_gain_and_their_median_and_range():
+    from benchmarks.time_to_quality import at_equal_budgets
+
+    runs = [
+        {"budget_factor": factor, "seed": seed, "pix2pix_test_psnr": pix2pix, "project_test_psnr": project}
+        for factor, seed, pix2pix, project in [
+            (1, 0, 20.0, 22.0),
+            (1, 1, 21.0, 22.5),
+            (1, 2, 19.0, 22.0),
+            (3, 0, 23.0, 22.0),
+            (3, 1, 22.0, 22.5),
+        ]
+    ]
+    summary = at_equal_budgets(runs)
+    assert list(summary) == ["1x", "3x"]
+    assert summary["1x"]["project_gain_db_median"] == pytest.approx(2.0)  # gains 2.0, 1.5, 3.0
+    assert (summary["1x"]["project_gain_db_min"], summary["1x"]["project_gain_db_max"]) == (1.5, 3.0)
+    assert summary["3x"]["project_gain_db_median"] == pytest.approx(-0.25)  # gains -1.0, +0.5
+    assert summary["3x"]["rounds"] == 2 and summary["3x"]["pix2pix_test_psnr"] == [23.0, 22.0]
