@@ -56,14 +56,16 @@ screenshots: setup
 # faster). Each test module stays on one process, so its module-wide fixtures are built once, and the modules are
 # dealt longest first (tests/longest_first.py), not xdist's most-tests-first, so the processes end together.
 PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
-test: setup
-	$(PY) -m pytest $(PARALLEL)
+test: setup  # then the tests that must run by themselves (marked alone: they write into the package tree)
+	$(PY) -m pytest $(PARALLEL) -m "not alone"
+	$(PY) -m pytest -m alone
 
 test-fast: setup  # the inner loop: no test that starts a Python process (tests/conftest.py holds them to the slow mark)
 	$(PY) -m pytest $(PARALLEL) -m "not slow"
 
 test-durations: setup  # a whole run that stores each module's time in tests/durations.json: the next runs' order
-	$(PY) -m pytest $(PARALLEL) --store-durations
+	$(PY) -m pytest $(PARALLEL) -m "not alone" --store-durations
+	$(PY) -m pytest -m alone --store-durations
 
 lint: setup  # what CI runs: the rules, and the format (`make format` applies it)
 	$(VENV)/bin/ruff check .

@@ -214,6 +214,18 @@ def python_program(args) -> bool:
     return False
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked `alone` changes what every other test reads (the package tree): beside pytest-xdist's other
+    workers it is skipped, saying how to run it (make test runs it by itself after the rest)."""
+    if hasattr(config, "workerinput"):
+        beside_others = pytest.mark.skip(
+            reason="writes into the package tree: run alone (`pytest -m alone`, as make test does)"
+        )
+        for item in items:
+            if item.get_closest_marker("alone"):
+                item.add_marker(beside_others)
+
+
 @pytest.fixture(autouse=True)
 def fast_tests_start_no_python(request, monkeypatch):
     """`make test-fast` is the inner loop. A test that starts a Python process (a stage script, a benchmark, dvc,

@@ -24,7 +24,8 @@ from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import IMAGE
 from thermal2visible.registry.packing import pyfunc_arguments
 
-pytestmark = pytest.mark.slow  # train and export stages in subprocesses
+# train and export stages in subprocesses; alone: another test beside it would see the dropped-in modules
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 REPO = PACKAGE.parents[1]
 TWO_CONVOLUTIONS = '''"""Two 3x3 convolutions: the smallest generator there is, `width` channels between them."""
 
