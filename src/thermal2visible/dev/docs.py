@@ -79,12 +79,14 @@ def summary(path: Path) -> str:
 
 
 def modules_table(package: Path) -> str:
-    """A row per module and per package of `package` (a package with its modules), from their docstrings."""
+    """A row per module and per package of `package` (a package with its modules, and its own packages by name
+    only: generators/, discriminators/ hold a module per kind, which a contributor adds without touching this page),
+    from their docstrings."""
     rows = [f"| `{path.name}` | {summary(path)} |" for path in sorted(package.glob("*.py")) if path.stem != "__init__"]
     for folder in sorted(path.parent for path in package.glob("*/__init__.py")):
-        inside = ", ".join(
-            str(path.relative_to(folder)) for path in sorted(folder.rglob("*.py")) if path.stem != "__init__"
-        )
+        modules = [path.name for path in folder.glob("*.py") if path.stem != "__init__"]
+        packages = [f"{path.parent.name}/" for path in folder.glob("*/__init__.py")]
+        inside = ", ".join(sorted(modules + packages))
         rows.append(f"| `{folder.name}/` | {summary(folder / '__init__.py')}: {inside} |")
     return "\n".join([PACKAGES_BEGIN, "| module | what |", "|---|---|", *rows, PACKAGES_END])
 
