@@ -336,6 +336,15 @@ def ddp_run(check: Check, name: str, sync_batchnorm: bool = False) -> dict:
     return {"ranks": ranks}
 
 
+class SyncBatchNormSeen(Callback):
+    """Whether the module held SyncBatchNorm layers while it trained (Lightning reverts them when fit ends)."""
+
+    seen = False
+
+    def on_train_batch_end(self, trainer, module, *args) -> None:
+        self.seen = any(isinstance(m, torch.nn.SyncBatchNorm) for m in module.modules())
+
+
 def ddp_worker(job: dict) -> None:
     """One rank of ddp_run (Lightning re-runs this command line for rank 1)."""
     params = load_params(REPO / PARAMS, job["overrides"])
@@ -350,7 +359,9 @@ def ddp_worker(job: dict) -> None:
         strategy = GanDDPStrategy(process_group_backend="gloo", gradient_as_bucket_view=True)
         strategy.parallel_devices = [torch.device("cuda", 0)] * 2
         overrides = {"strategy": strategy}
-    module, trainer, _ = fit(check, train, RunDevice(check.accelerator, train.precision, False), **overrides)
+    layers = SyncBatchNormSeen()
+    device = RunDevice(check.accelerator, train.precision, False)
+    module, trainer, _ = fit(check, train, device, callbacks=[layers], **overrides)
     weights = torch.cat([p.detach().float().flatten().cpu() for p in module.parameters()])
     report = {
         "rank": trainer.global_rank,
@@ -359,7 +370,7 @@ def ddp_worker(job: dict) -> None:
         "wrapped": all(isinstance(r, torch.nn.parallel.DistributedDataParallel) for r in module.replicas.values())
         and len(module.replicas) == 2,
         "device": str(next(module.parameters()).device),
-        "sync_batchnorm": any(isinstance(m, torch.nn.SyncBatchNorm) for m in module.modules()),
+        "sync_batchnorm": layers.seen,
         "losses": losses_of(trainer),
         "digest": [round(weights.sum().item(), 6), round(weights.abs().sum().item(), 6)],
     }

@@ -313,6 +313,15 @@ def plot(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
+def print_steps(steps: list[dict]) -> None:
+    for result in steps:
+        rows = [[n, f["images_per_s"], f["speedup_median"], f["arithmetic"], f["tflops_per_s"],
+                 "" if f["share_of_dense_peak"] is None else f"{f['share_of_dense_peak']:.1%}"]
+                for n, f in result["summary"]["configs"].items()]  # fmt: skip
+        print(f"batch {result['batch']}")
+        print(markdown_table(["configuration", "images/s", "x plain", "arithmetic", "TFLOP/s", "of dense peak"], rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU, tiny sizes, seconds")
@@ -342,12 +351,6 @@ def main() -> None:
         args.batches, args.warmup, args.steps = [1, 16, 64], 3, 8
         device_name = torch.cuda.get_device_name()
     peaks = peaks_of(device_name)
-    with tempfile.TemporaryDirectory(prefix="t2v-gpu-speed-") as scratch:
-        pairs = int(max(args.batches) * 2 / 0.9) + 8  # two batches an epoch at the largest batch
-        cache, _ = synthetic_cache(Path(scratch) / "data", size, pairs)
-        steps = step_figures(args, cache, model, size, accelerator, peaks)
-        ttq = time_to_quality(cache, model, size, accelerator, ttq_s)
-        inference = onnxruntime_figures(cache, model, size, accelerator, Path(scratch), repeats)
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "command": "python -m benchmarks.gpu_speed" + (" --dry-run" if args.dry_run else ""),
@@ -360,22 +363,25 @@ def main() -> None:
         "rounds": args.rounds,
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
-        "steps": steps,
-        "time_to_quality": ttq,
-        "inference": inference,
         "machine": machine(),
-        "wall_seconds": round(time.perf_counter() - start, 1),
     }
-    for result in steps:
-        rows = [[n, f["images_per_s"], f["speedup_median"], f["arithmetic"], f["tflops_per_s"],
-                 "" if f["share_of_dense_peak"] is None else f"{f['share_of_dense_peak']:.1%}"]
-                for n, f in result["summary"]["configs"].items()]  # fmt: skip
-        print(f"batch {result['batch']}")
-        print(markdown_table(["configuration", "images/s", "x plain", "arithmetic", "TFLOP/s", "of dense peak"], rows))
     stem = new_dated_stem(args.out, "gpu-speed" + ("-dry-run" if args.dry_run else ""), (".json", ".png"))
     stem.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    plot(report, Path(f"{stem}.png"))
+
+    def write(**figures) -> None:
+        """The report so far: a lease that ends mid-run still leaves the phases it finished."""
+        report.update(figures, wall_seconds=round(time.perf_counter() - start, 1))
+        Path(f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+    with tempfile.TemporaryDirectory(prefix="t2v-gpu-speed-") as scratch:
+        pairs = int(max(args.batches) * 2 / 0.9) + 8  # two batches an epoch at the largest batch
+        cache, _ = synthetic_cache(Path(scratch) / "data", size, pairs)
+        steps = step_figures(args, cache, model, size, accelerator, peaks)
+        write(steps=steps)
+        plot(report, Path(f"{stem}.png"))
+        print_steps(steps)
+        write(time_to_quality=time_to_quality(cache, model, size, accelerator, ttq_s))
+        write(inference=onnxruntime_figures(cache, model, size, accelerator, Path(scratch), repeats))
     print(f"wrote {stem}.json and .png in {report['wall_seconds']} s")
     assert all(math.isfinite(f["images_per_s"]) for r in steps for f in r["summary"]["configs"].values())
 

@@ -2,18 +2,25 @@
 # The project's dependencies that the GPU image lacks, as wheels to carry to the device machine (its Python 3.12 has
 # its own torch 2.11 + CUDA, lightning, onnx, onnxruntime, numpy, scikit-image...: docs/training.md, "GPUs").
 # Usage: benchmarks/gpu_wheels.sh [FOLDER]   (default .whl, which .git/info/exclude should ignore)
-# There: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:src:.
+# There: bash benchmarks/gpu_session.sh (the check, its serve item with mlflow, then gpu_speed in the time left).
 set -euo pipefail
 folder=${1:-.whl}
-# pydantic (the params schema) is all the training, resume, DDP and export items need. The serve item needs mlflow,
-# whose closure (flask, sqlalchemy, alembic, opentelemetry, databricks-sdk, ... ~40 packages) is not resolved here:
-# without it that item says "skip: mlflow not importable". Versions as this venv has them.
+# pydantic (the params schema) is all the training, resume, DDP and export items need; versions as this venv has them.
 names=(pydantic pydantic-core annotated-types typing-inspection)
 pins=()
 for name in "${names[@]}"; do
   pins+=("$name==$(.venv/bin/python -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')")
 done
-python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform any -d "$folder" "${pins[@]}"
-du -sh "$folder"
+where=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+python3 -m pip download -q --no-deps "${where[@]}" -d "$folder" "${pins[@]}"
+# The serve item's mlflow with its closure, in a folder of its own (benchmarks/gpu_session.sh puts it on the path for
+# that item only, so it shadows none of the image's packages elsewhere), less what the image has or serving never
+# imports: 182 -> ~50 MB, under the device tool's 64 MiB.
+mlflow="mlflow==$(.venv/bin/python -m pip show mlflow | sed -n 's/^Version: //p')"
+python3 -m pip download -q "${where[@]}" -d "$folder/mlflow" "$mlflow"
+for name in numpy scipy pillow protobuf packaging typing_extensions pyarrow matplotlib contourpy kiwisolver fonttools \
+  pyparsing cycler scikit_learn joblib threadpoolctl skops "${names[@]//-/_}"; do
+  rm -f "$folder/mlflow/$name"-[0-9]*.whl
+done
+du -sh "$folder" "$folder/mlflow"

@@ -246,13 +246,6 @@ class Pix2Pix(LightningModule):
         for scheduler in self.lr_schedulers() or []:
             scheduler.step()
 
-    def on_validation_epoch_start(self) -> None:
-        if self.trainer.world_size > 1:
-            # Since DDP's last broadcast each rank's batch-norm statistics followed its own shard: validate with
-            # rank 0's, the generator that is saved. (DDP broadcasts them again before the next training forward.)
-            for buffer in self.kept_generator.buffers():
-                torch.distributed.broadcast(buffer, src=0)
-
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         thermal, real = batch["thermal"], batch["visible"]
         # Scored as evaluate scores: the fp32 weights that are saved, outside autocast (bf16 cancels SSIM's

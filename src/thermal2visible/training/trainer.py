@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import defaultdict
 from datetime import timedelta
 from typing import Sequence
 
@@ -87,6 +88,11 @@ class GanDDPStrategy(DDPStrategy):
     and D in each backward and fails on the D step ("parameters that were not used in producing the loss").
     Here G and D get a wrapper each (`Pix2Pix.distribute`): the D step's backward reduces D's gradients, the
     G step's reduces G's, and no unused-parameter search is needed.
+    Buffers (batch-norm statistics) are not broadcast in each forward as stock DDP does: D runs twice before its
+    backward, and cuDNN's batch norm keeps the running statistics for that backward, so the second forward's broadcast
+    overwrote them under autograd ("modified by an inplace operation", rank 1, first GPU check). Every rank takes rank
+    0's buffers before each training step and before validation instead (gradients never read them: training-mode
+    batch norm normalises with the batch's own statistics), so validation scores the model rank 0 saves.
     `ddp_kwargs` go to each DistributedDataParallel.
     """
 
@@ -105,9 +111,30 @@ class GanDDPStrategy(DDPStrategy):
         communication hooks: they were slower on CPU (gloo) and need the single wrapper we do not have."""
         self.model.distribute(
             lambda network: DistributedDataParallel(
-                network, device_ids=self.determine_ddp_device_ids(), **self.ddp_kwargs
+                network, device_ids=self.determine_ddp_device_ids(), broadcast_buffers=False, **self.ddp_kwargs
             )
         )
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        take_rank_zero_buffers(self.lightning_module)
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        take_rank_zero_buffers(self.lightning_module)
+
+
+@torch.no_grad()
+def take_rank_zero_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers on every rank, in one broadcast per dtype and device."""
+    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for buffer in module.buffers():
+        groups[buffer.dtype, buffer.device].append(buffer)
+    for buffers in groups.values():
+        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
+        torch.distributed.broadcast(flat, src=0)
+        for buffer, part in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
+            buffer.copy_(part.view_as(buffer))
 
 
 def process_group_backend(accelerator: str) -> str:
