@@ -22,8 +22,10 @@ os.environ["DVC_NO_ANALYTICS"] = "1"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 # Test trainings run one thread each (TINY below), so two test processes' trainings fit two cores side by side: each
 # pytest-xdist worker takes turns for the cores (training.shared_cores) only among its own trainings.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _turns = Path(tempfile.gettempdir()) / f"thermal2visible-tests-{os.getuid()}-{os.environ['PYTEST_XDIST_WORKER']}"
+# pytest-xdist names each worker in its environment (gw0, gw1, ...): set from a worker's start, before any hook runs.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    _turns = Path(tempfile.gettempdir()) / f"thermal2visible-tests-{os.getuid()}-{XDIST_WORKER}"
     _turns.mkdir(mode=0o700, exist_ok=True)
     os.environ["XDG_RUNTIME_DIR"] = str(_turns)
 
@@ -148,7 +150,7 @@ def pipeline_project(tmp_path_factory) -> Path:
     (mlflow.db), shared by the tests that only read it or copy it. Built once in a run: pytest-xdist's workers share
     their base temporary folder's parent, and the first that needs the project builds it while the others wait."""
     shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if XDIST_WORKER:
         shared = shared.parent
     repo, built = shared / "pipeline" / "project", shared / "pipeline.built"
     with FileLock(shared / "pipeline.lock"):
@@ -217,7 +219,7 @@ def python_program(args) -> bool:
 def pytest_collection_modifyitems(config, items):
     """A test marked `alone` changes what every other test reads (the package tree): beside pytest-xdist's other
     workers it is skipped, saying how to run it (make test runs it by itself after the rest)."""
-    if hasattr(config, "workerinput"):
+    if XDIST_WORKER:
         beside_others = pytest.mark.skip(
             reason="writes into the package tree: run alone (`pytest -m alone`, as make test does)"
         )

@@ -138,8 +138,9 @@ def test_modules_dropped_into_the_package_pass_the_model_tests_train_export_and_
             "no:cacheprovider",
             "tests/test_models.py",
             "tests/test_dvc_pipeline.py",
+            "tests/test_params_page.py",
             "-k",
-            "two_convs or one_conv or contributors_page",
+            "two_convs or one_conv or contributors_page or params_page_is_fresh",
         ]
     )
     assert " passed" in shared.stdout and "failed" not in shared.stdout

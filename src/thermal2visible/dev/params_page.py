@@ -1,7 +1,9 @@
 """docs/params.md, generated: every key of params.yaml with its type (the schema's) and its comment (params.yaml's),
 and whether it defines the trained weights (the schema's marks); then each network kind models/ holds with its own
 settings (its module's `Settings`: type and description). Values stay in params.yaml: an experiment that changes one
-leaves this page true.
+leaves this page true. The page documents the kinds the repository ships, those whose module git tracks: a kind
+dropped in and not yet committed leaves it fresh, and once committed it fails the check until the page is regenerated
+(docs/contributing.md's recipe).
 
     python -m thermal2visible.dev.params_page            # rewrite docs/params.md
     python -m thermal2visible.dev.params_page --check    # exit 1 when docs/params.md is stale (the tests run it)
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 import sys
 import types
 import typing
@@ -63,14 +66,23 @@ def cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def shipped(module: types.ModuleType) -> bool:
+    """Whether git tracks the module's file (every module is shipped outside a git checkout)."""
+    path = Path(module.__file__)
+    done = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent, capture_output=True)
+    return done.returncode == 0 or b"not a git repository" in done.stderr
+
+
 def kinds() -> list[str]:
-    """A section per role (model.generator, model.discriminator): each kind, its module's first paragraph and
-    the keys of model.<role>_settings its Settings declares."""
+    """A section per role (model.generator, model.discriminator): each shipped kind, its module's first paragraph
+    and the keys of model.<role>_settings its Settings declares."""
     lines = []
     for role, networks in ROLES.items():
         lines += ["", f"## `model.{role}` kinds and their `model.{role}_settings`"]
         for kind, network in sorted(networks.items()):
             module = sys.modules[network.__module__]
+            if not shipped(module):
+                continue
             hints = typing.get_type_hints(network.Settings, include_extras=True)
             summary = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())  # its first paragraph
             lines += ["", f"### `{kind}`", "", summary, ""]
