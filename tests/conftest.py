@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import mlflow
 import pytest
@@ -106,19 +107,38 @@ def tracking_uri(tmp_path_factory):
         yield uri
 
 
-@pytest.fixture(scope="session")
-def tiny_cache(tmp_path_factory) -> Path:
-    """A cache dir (manifest.json + arrays) made by synthesize -> ingest -> preprocess on tiny data."""
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, filled by `build(folder)` once in a test run and shared by every test process: pytest-xdist's
+    workers share their base temporary folder's parent, and the first that needs it builds it while the others wait.
+    What is built so is read, never changed, by the tests."""
+    shared = tmp_path_factory.getbasetemp()
+    if XDIST_WORKER:
+        shared = shared.parent
+    folder, built = shared / name, shared / f"{name}.built"
+    with FileLock(shared / f"{name}.lock"):
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build another worker did not finish
+            folder.mkdir()
+            build(folder)
+            built.touch()
+    return folder
+
+
+def _build_tiny_cache(work: Path) -> None:
     from thermal2visible.data.cache import build_cache
     from thermal2visible.data.ingest import ingest
     from thermal2visible.data.synthetic import synthesize
 
-    work = tmp_path_factory.mktemp("tiny_data")
     params = load_params(_write_params(work))
     synthesize(params.synthesize, work / "raw")
     index, _ = ingest(work / "raw", "pairs", params.ingest)
     build_cache(index, params.preprocess, params.ingest.max_pixels, work / "cache", on_error="fail")
-    return work / "cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory) -> Path:
+    """A cache dir (manifest.json + arrays) made by synthesize -> ingest -> preprocess on tiny data."""
+    return built_once(tmp_path_factory, "tiny_data", _build_tiny_cache) / "cache"
 
 
 def make_project(repo: Path) -> Path:
@@ -144,29 +164,19 @@ def project_copy(tmp_path) -> Path:
     return make_project(tmp_path / "project")
 
 
+def _run_the_pipeline(folder: Path) -> None:
+    repo = make_project(folder / "project")
+    done = subprocess.run(  # quiet_env: the stages run this interpreter's `python`
+        [str(Path(sys.executable).with_name("dvc")), "repro"], cwd=repo, capture_output=True, text=True, env=quiet_env()
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 @pytest.fixture(scope="session")
 def pipeline_project(tmp_path_factory) -> Path:
     """A project in which the whole tiny pipeline has run (`dvc repro`): its outputs, dvc.lock and MLflow store
-    (mlflow.db), shared by the tests that only read it or copy it. Built once in a run: pytest-xdist's workers share
-    their base temporary folder's parent, and the first that needs the project builds it while the others wait."""
-    shared = tmp_path_factory.getbasetemp()
-    if XDIST_WORKER:
-        shared = shared.parent
-    repo, built = shared / "pipeline" / "project", shared / "pipeline.built"
-    with FileLock(shared / "pipeline.lock"):
-        if not built.exists():
-            shutil.rmtree(repo.parent, ignore_errors=True)  # a build another worker did not finish
-            make_project(repo)
-            done = subprocess.run(  # quiet_env: the stages run this interpreter's `python`
-                [str(Path(sys.executable).with_name("dvc")), "repro"],
-                cwd=repo,
-                capture_output=True,
-                text=True,
-                env=quiet_env(),
-            )
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            built.touch()
-    return repo
+    (mlflow.db), shared by the tests that only read it or copy it."""
+    return built_once(tmp_path_factory, "pipeline", _run_the_pipeline) / "project"
 
 
 def copy_without_store(project: Path, folder: Path) -> Path:

@@ -6,8 +6,6 @@ passes give batch norm running statistics that differ from the identity, so eval
 
 from __future__ import annotations
 
-import atexit
-import functools
 import json
 import shutil
 import tempfile
@@ -16,6 +14,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import torch
+from filelock import FileLock
 
 from shipped import SHIPPED
 
@@ -67,15 +66,24 @@ def save_tiny_generator(path: Path, cache: Path, seed: int = 0, ngf: int = 8, ki
     return path
 
 
-@functools.cache
-def _exported_once(cache: Path, seed: int) -> Path:
-    """A folder holding generator.pt and generator.onnx (opset 18) of the tiny generator of `cache` and `seed`, made
-    once per test process (an ONNX export takes seconds) and removed when the process ends."""
-    folder = Path(tempfile.mkdtemp(prefix="t2v-tiny-export-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+def export_tiny_generator(folder: Path, cache: Path, seed: int = 0) -> Path:
+    """folder/generator.pt and folder/generator.onnx (opset 18) of the tiny generator of `cache` and `seed`, exported
+    now; returns the .onnx."""
     generator, payload = load_generator(save_tiny_generator(folder / "generator.pt", cache, seed))
     manifest = json.loads((cache / MANIFEST).read_text())
     export_generator(generator, payload, folder / "generator.onnx", opset=18, thermal_dtype=manifest["thermal_dtype"])
+    return folder / "generator.onnx"
+
+
+def _exported_once(cache: Path, seed: int) -> Path:
+    """The folder of `export_tiny_generator(cache, seed)`, made once beside the cache and shared by every test process
+    that uses that cache (an ONNX export takes seconds)."""
+    folder = cache.parent / f"tiny-export-{seed}"
+    with FileLock(cache.parent / f"tiny-export-{seed}.lock"):
+        if not folder.is_dir():
+            staging = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=cache.parent))
+            export_tiny_generator(staging, cache, seed)
+            staging.rename(folder)  # whole or absent: a process killed mid-export leaves only its staging folder
     return folder
 
 
