@@ -151,23 +151,6 @@ def test_height_and_width_are_dynamic_multiples_of_the_training_size(project, ex
         np.testing.assert_allclose(generated, run_torch(generator, frame), atol=1e-4)
 
 
-def test_a_resnet_generator_exports_with_parity_at_dynamic_sizes(tiny_cache, tmp_path):
-    """The export stage on model.generator: resnet: parity on the test images, and whole frames of any multiple of
-    the training size, as the U-Net."""
-    shutil.copytree(tiny_cache, tmp_path / "data" / "cache")
-    save_tiny_generator(tmp_path / "models" / "generator.pt", tiny_cache, kind="resnet")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        runpy.run_path(str(EXPORT))["main"](load_params(SHIPPED_FROM))
-    assert read_record(tmp_path / EXPORT_METRICS, tmp_path / EXPORT_REPORT)["parity_passed"] is True
-    generator, payload = load_generator(tmp_path / "models" / "generator.pt")
-    assert payload["model"]["generator"] == "resnet"
-    session = onnx_session(tmp_path / "models" / "generator.onnx")
-    size = payload["model"]["image_size"]
-    frame = np.random.default_rng(0).uniform(-1, 1, (2, 1, 2 * size, 3 * size)).astype(np.float32)
-    np.testing.assert_allclose(run_onnx(session, frame), run_torch(generator, frame), atol=1e-4)
-
-
 @pytest.mark.slow  # processes
 def test_the_same_weights_export_to_the_same_bytes_in_every_process(project, tmp_path):
     """dvc.lock hashes the .onnx: a rerun that trains the same weights must write the same file, whatever the

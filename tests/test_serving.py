@@ -31,6 +31,9 @@ from thermal2visible.data.images import read_image
 from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT, MANIFEST
 from thermal2visible.records import read_record
 from thermal2visible.imports import PACKAGE
+from thermal2visible.inference.session import onnx_session, run_onnx
+from thermal2visible.models.payloads import load_generator
+from thermal2visible.onnx_export import run_torch
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import IMAGE, png_bytes, to_base64
 from thermal2visible.registry.packing import packed_files, pyfunc_arguments
@@ -309,7 +312,8 @@ def test_translate_cli_with_the_registered_champion(url, tracking_uri, tmp_path)
 @pytest.mark.timeout(400)
 def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_cache, write_params):
     """model.generator: resnet with a 2-scale D and feature matching through the real stages: train, export (ONNX
-    parity on the test images), then a REST request."""
+    parity on the test images, and whole frames of any multiple of the training size, as the U-Net), then a REST
+    request."""
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     (project / "data" / "cache").symlink_to(tiny_cache)
@@ -324,6 +328,12 @@ def test_resnet_with_pix2pixhd_losses_trains_exports_and_serves(tmp_path, tiny_c
         done = run_script(stage, project)
         assert done.returncode == 0, done.stdout + done.stderr
     assert read_record(project / EXPORT_METRICS, project / EXPORT_REPORT)["parity_passed"] is True
+    generator, payload = load_generator(project / "models" / "generator.pt")
+    assert payload["model"]["generator"] == "resnet"
+    size = payload["model"]["image_size"]
+    frame = np.random.default_rng(0).uniform(-1, 1, (2, 1, 2 * size, 3 * size)).astype(np.float32)
+    session = onnx_session(project / "models" / "generator.onnx")
+    np.testing.assert_allclose(run_onnx(session, frame), run_torch(generator, frame), atol=1e-4)
     with pyfunc_arguments(project / "models" / "generator.onnx", LIMITS) as arguments:
         mlflow.pyfunc.save_model(tmp_path / "pyfunc", **arguments)
     with model_server(str(tmp_path / "pyfunc"), tmp_path / "serve") as base:
