@@ -107,17 +107,19 @@ def tracking_uri(tmp_path_factory):
         yield uri
 
 
-def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """The folder `name`, filled by `build(folder)` once in a test run and shared by every test process: pytest-xdist's
-    workers share their base temporary folder's parent, and the first that needs it builds it while the others wait.
-    What is built so is read, never changed, by the tests."""
-    shared = tmp_path_factory.getbasetemp()
-    if XDIST_WORKER:
-        shared = shared.parent
+def shared_folder(tmp_path_factory) -> Path:
+    """The run's folder that every test process sees: pytest-xdist's workers share their base temporary folder's
+    parent."""
+    return tmp_path_factory.getbasetemp().parent if XDIST_WORKER else tmp_path_factory.getbasetemp()
+
+
+def built_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
+    """shared/name, filled by `build(folder)` once and used by every test process: the first that needs it builds it
+    while the others wait. What is built so is read, never changed, by the tests."""
     folder, built = shared / name, shared / f"{name}.built"
     with FileLock(shared / f"{name}.lock"):
         if not built.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # a build another worker did not finish
+            shutil.rmtree(folder, ignore_errors=True)  # a build a killed process did not finish
             folder.mkdir()
             build(folder)
             built.touch()
@@ -138,7 +140,7 @@ def _build_tiny_cache(work: Path) -> None:
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
     """A cache dir (manifest.json + arrays) made by synthesize -> ingest -> preprocess on tiny data."""
-    return built_once(tmp_path_factory, "tiny_data", _build_tiny_cache) / "cache"
+    return built_once(shared_folder(tmp_path_factory), "tiny_data", _build_tiny_cache) / "cache"
 
 
 def make_project(repo: Path) -> Path:
@@ -176,7 +178,7 @@ def _run_the_pipeline(folder: Path) -> None:
 def pipeline_project(tmp_path_factory) -> Path:
     """A project in which the whole tiny pipeline has run (`dvc repro`): its outputs, dvc.lock and MLflow store
     (mlflow.db), shared by the tests that only read it or copy it."""
-    return built_once(tmp_path_factory, "pipeline", _run_the_pipeline) / "project"
+    return built_once(shared_folder(tmp_path_factory), "pipeline", _run_the_pipeline) / "project"
 
 
 def copy_without_store(project: Path, folder: Path) -> Path:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import torch
-from filelock import FileLock
 
+from conftest import built_once
 from shipped import SHIPPED
 
 from thermal2visible.paths import (
@@ -75,24 +74,15 @@ def export_tiny_generator(folder: Path, cache: Path, seed: int = 0) -> Path:
     return folder / "generator.onnx"
 
 
-def _exported_once(cache: Path, seed: int) -> Path:
-    """The folder of `export_tiny_generator(cache, seed)`, made once beside the cache and shared by every test process
-    that uses that cache (an ONNX export takes seconds)."""
-    folder = cache.parent / f"tiny-export-{seed}"
-    with FileLock(cache.parent / f"tiny-export-{seed}.lock"):
-        if not folder.is_dir():
-            staging = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=cache.parent))
-            export_tiny_generator(staging, cache, seed)
-            staging.rename(folder)  # whole or absent: a process killed mid-export leaves only its staging folder
-    return folder
-
-
 def export_tiny(folder: Path, cache: Path, seed: int = 0) -> Path:
     """folder/generator.pt and folder/generator.onnx (opset 18) of a tiny generator, the test's own copies; returns
     the .onnx."""
     folder.mkdir(parents=True, exist_ok=True)
+    cache = cache.resolve()
+    # made once beside the cache and shared by every test process that uses it: an ONNX export takes seconds
+    exported = built_once(cache.parent, f"tiny-export-{seed}", lambda built: export_tiny_generator(built, cache, seed))
     for name in ("generator.pt", "generator.onnx"):
-        shutil.copyfile(_exported_once(cache.resolve(), seed) / name, folder / name)
+        shutil.copyfile(exported / name, folder / name)
     return folder / "generator.onnx"
 
 
