@@ -106,6 +106,15 @@ def plot(runs: dict[str, list[dict]], summary: dict[str, dict], path: Path) -> N
     plt.close(figure)
 
 
+def report(stem: Path, setups: dict[str, list[str]], runs: dict[str, list[dict]]) -> None:
+    """The .json, .md and .png of the runs so far (setups with none yet are left out)."""
+    done = {setup: setup_runs for setup, setup_runs in runs.items() if setup_runs}
+    summary = {setup: spread(setup_runs) for setup, setup_runs in done.items()}
+    write_report(stem, {"setups": setups, "summary": summary, "runs": done})
+    result_file(stem, ".md").write_text(f"# Quality across seeds, {machine_text()}\n\n{table(done, summary)}")
+    plot(done, summary, result_file(stem, ".png"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="train.seed FIRST .. FIRST+N-1, each a round")
@@ -128,6 +137,7 @@ def main() -> None:
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(load_params(args.params).mlflow.experiment)
     runs: dict[str, list[dict]] = {setup: [] for setup in setups}
+    stem = result_stem(args.report, args.out)
     with tempfile.TemporaryDirectory(prefix="t2v-seeds-") as work, mlflow.start_run(run_name="seed-spread") as parent:
         mlflow.log_params({"seeds": args.seeds, "first_seed": args.first_seed, "variants": args.variants})
         cache = prepare_cache(Path(work), args.params, [])
@@ -143,13 +153,9 @@ def main() -> None:
                     f"{run['wall_s']} s",
                     flush=True,
                 )
-    summary = {setup: spread(setup_runs) for setup, setup_runs in runs.items()}
-    text = table(runs, summary)
-    print(text)
-    stem = result_stem(args.report, args.out)
-    write_report(stem, {"setups": setups, "summary": summary, "runs": runs})
-    result_file(stem, ".md").write_text(f"# Quality across seeds, {machine_text()}\n\n{text}")
-    plot(runs, summary, result_file(stem, ".png"))
+                # A run takes minutes: the report holds every finished one, so a stopped benchmark keeps them.
+                report(stem, setups, runs)
+    print(table(runs, {setup: spread(setup_runs) for setup, setup_runs in runs.items()}))
     print(f"wrote {stem}.json, .md and .png")
 
 
