@@ -226,7 +226,10 @@ def train_ranks(cache: Path, out: Path) -> None:
     trainer.fit(module, datamodule=data)
     record = {"crops": seen.crops, "val_images": seen.val_images}
     if trainer.is_global_zero:
-        record |= {"logged": trainer.callback_metrics["val_psnr"].item(), "alone": val_psnr(module.generator, cache)}
+        record |= {
+            "logged": trainer.callback_metrics["val_psnr"].item(),
+            "alone": val_psnr(module.kept_generator, cache),
+        }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
     torch.save(module.generator.state_dict(), out / f"rank{trainer.global_rank}.pt")
 

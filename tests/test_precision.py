@@ -196,7 +196,7 @@ def test_validation_scores_are_fp32_scores_of_the_saved_weights_under_bf16_mixed
     trainer.fit(module, datamodule=data)
     assert trainer.precision == "bf16-mixed"
     means = score_means()
-    generator = module.generator.eval()
+    generator = module.kept_generator.eval()
     with torch.inference_mode():
         for batch in data.val_dataloader():
             batch = model_batch(batch)
