@@ -93,7 +93,7 @@ def table(runs: dict[str, list[dict]], summary: dict[str, dict]) -> str:
 
 def plot(runs: dict[str, list[dict]], summary: dict[str, dict], path: Path) -> None:
     """Test PSNR of every seed (dots) and the setup's mean (bar), per setup."""
-    figure, axis = plt.subplots(figsize=(2.2 + 1.6 * len(runs), 4))
+    figure, axis = plt.subplots(figsize=(max(5.0, 2.2 + 1.6 * len(runs)), 4))  # the title fits one setup
     for x, (setup, setup_runs) in enumerate(runs.items()):
         axis.bar(x, summary[setup]["test_psnr"]["mean"], color="#4c72b0", alpha=0.35, width=0.6)
         axis.scatter([x] * len(setup_runs), [run["test_psnr"] for run in setup_runs], color="#4c72b0", zorder=3)
