@@ -106,13 +106,15 @@ def plot(runs: dict[str, list[dict]], summary: dict[str, dict], path: Path) -> N
     plt.close(figure)
 
 
-def report(stem: Path, setups: dict[str, list[str]], runs: dict[str, list[dict]]) -> None:
-    """The .json, .md and .png of the runs so far (setups with none yet are left out)."""
+def report(stem: Path, setups: dict[str, list[str]], runs: dict[str, list[dict]]) -> str:
+    """The .json, .md and .png of the runs so far (setups with none yet are left out); returns their table."""
     done = {setup: setup_runs for setup, setup_runs in runs.items() if setup_runs}
     summary = {setup: spread(setup_runs) for setup, setup_runs in done.items()}
     write_report(stem, {"setups": setups, "summary": summary, "runs": done})
-    result_file(stem, ".md").write_text(f"# Quality across seeds, {machine_text()}\n\n{table(done, summary)}")
+    text = table(done, summary)
+    result_file(stem, ".md").write_text(f"# Quality across seeds, {machine_text()}\n\n{text}")
     plot(done, summary, result_file(stem, ".png"))
+    return text
 
 
 def main() -> None:
@@ -154,8 +156,8 @@ def main() -> None:
                     flush=True,
                 )
                 # A run takes minutes: the report holds every finished one, so a stopped benchmark keeps them.
-                report(stem, setups, runs)
-    print(table(runs, {setup: spread(setup_runs) for setup, setup_runs in runs.items()}))
+                text = report(stem, setups, runs)
+    print(text)
     print(f"wrote {stem}.json, .md and .png")
 
 
