@@ -213,7 +213,8 @@ def test_a_run_writes_a_new_dated_result_and_replaces_a_file_only_at_a_path_it_i
 
 
 def test_time_to_quality_stops_by_the_params_rule_unless_told_otherwise(tmp_path):
-    """The benchmark's runs stop as the project's do (params.yaml's early_stop); --window/--patience override it."""
+    """The benchmark's runs stop as the project's do (params.yaml's early_stop and epoch cap); the options override
+    them, and the pix2pix default's own run takes the common cap unless told its own."""
     from benchmarks.time_to_quality import parse_args
 
     values = yaml.safe_load(PARAMS.read_text())
@@ -221,12 +222,16 @@ def test_time_to_quality_stops_by_the_params_rule_unless_told_otherwise(tmp_path
         "window": values["early_stop"]["window"] + 2,
         "patience": values["early_stop"]["patience"] + 3,
     }
+    values["train"]["max_epochs"] += 7
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(values))
     args = parse_args(["--params", str(params)])
     assert (args.window, args.patience) == (values["early_stop"]["window"], values["early_stop"]["patience"])
-    args = parse_args(["--params", str(params), "--window", "3", "--patience", "8"])
-    assert (args.window, args.patience) == (3, 8)
+    assert args.max_epochs == args.baseline_max_epochs == values["train"]["max_epochs"]
+    args = parse_args(["--params", str(params), "--window", "3", "--patience", "8", "--max-epochs", "9"])
+    assert (args.window, args.patience, args.max_epochs, args.baseline_max_epochs) == (3, 8, 9, 9)
+    args = parse_args(["--params", str(params), "--baseline-max-epochs", "4"])
+    assert (args.max_epochs, args.baseline_max_epochs) == (values["train"]["max_epochs"], 4)
 
 
 def test_time_to_quality_bars_take_the_colour_of_their_setups_curves(tmp_path):
