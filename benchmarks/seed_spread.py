@@ -1,7 +1,7 @@
 """Quality across seeds: the demo configuration (params.yaml) trained with several values of train.seed (each seed
 draws its own initial weights, jitter crops and dropout masks), and for each --variant the same with that variant's
 changes; per run its test PSNR, SSIM and identity rank-1 (the evaluate stage), its best and stopping epochs and its
-wall time; per setup the mean and the spread (max - min) of each.
+wall time and seconds per epoch; per setup the mean and the spread (max - min) of each.
 
 All are real `pipelines/train.py` and `pipelines/evaluate.py` runs on the demo data (this project's data/ingested,
 preprocessed once by pipelines/preprocess.py), each in a scratch project (thermal2visible.studies.scratch), logged to
@@ -10,8 +10,8 @@ drift of the machine hits every setup alike. Quality does not depend on the mach
 
 Writes a new benchmarks/results/<date>-seed_spread.json, .md and .png (--report names them otherwise, --out puts them
 at a path of your choice).
-Usage: python -m benchmarks.seed_spread [--seeds 5] [--first-seed 0] [--variant "train.ema_half_life_images=512" ...]
-       [--report seed_spread] [--out PATH]
+Usage: python -m benchmarks.seed_spread [--seeds 5] [--first-seed 0] [--params params.yaml]
+       [--variant "train.ema_half_life_images=512" ...] [--report seed_spread] [--out PATH]
 """
 
 from __future__ import annotations
@@ -42,8 +42,19 @@ from thermal2visible.paths import PARAMS  # noqa: E402
 from thermal2visible.studies.scratch import evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 
-DEFAULT = "params.yaml"
-SCORES = {"test_psnr": "test PSNR (dB)", "test_ssim": "SSIM", "identity": "identity rank-1", "wall_s": "wall s"}
+SCORES = {
+    "test_psnr": "test PSNR (dB)",
+    "test_ssim": "SSIM",
+    "identity": "identity rank-1",
+    "wall_s": "wall s",
+    "epoch_s": "s per epoch",
+}
+
+
+def seconds_per_epoch(child: dict) -> float | None:
+    """Seconds per epoch after the first (which carries the start-up), from the times the epochs were logged at."""
+    times = child["psnr_seconds"]
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
 
 
 def scored_run(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
@@ -54,6 +65,7 @@ def scored_run(work: Path, name: str, cache: Path, params: Path, overrides: list
         "test_psnr": scores["generator"]["psnr"],
         "test_ssim": scores["generator"]["ssim"],
         "identity": scores["identity"].get("generator"),
+        "epoch_s": seconds_per_epoch(child),
     }
 
 
@@ -77,7 +89,7 @@ def table(runs: dict[str, list[dict]], summary: dict[str, dict]) -> str:
     rows = []
     for setup, setup_runs in runs.items():
         for run in setup_runs:
-            values = [run[score] for score in SCORES]
+            values = [run.get(score) for score in SCORES]
             rows.append([setup, run["seed"], *(round(v, 3) if v is not None else "-" for v in values)])
             rows[-1] += [run["best_epoch"], run["stopped_epoch"]]
         rows.append(
@@ -128,12 +140,13 @@ def main() -> None:
         action="append",
         default=[],
         metavar='"SECTION.KEY=VALUE ..."',
-        help="adds a setup (repeatable): params.yaml with these space-separated changes",
+        help="adds a setup (repeatable): the --params file with these space-separated changes",
     )
     add_report_option(parser, "seed_spread", "{json,md,png}")
     args = parser.parse_args()
-    setups = {DEFAULT: ["train.image_log_every=0"]}
-    setups |= {variant: [*setups[DEFAULT], *variant.split()] for variant in args.variants}
+    base = args.params.name  # the setup is named after its params file: params.yaml unless --params gives another
+    setups = {base: ["train.image_log_every=0"]}
+    setups |= {variant: [*setups[base], *variant.split()] for variant in args.variants}
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"{machine_text()}; seeds {seeds[0]}-{seeds[-1]}; setups: {', '.join(setups)}", flush=True)
     mlflow.set_tracking_uri(tracking_uri())

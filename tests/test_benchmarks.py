@@ -329,3 +329,29 @@ def test_equal_budgets_give_each_rounds_gain_and_their_median_and_range():
     assert (summary["1x"]["project_gain_db_min"], summary["1x"]["project_gain_db_max"]) == (1.5, 3.0)
     assert summary["3x"]["project_gain_db_median"] == pytest.approx(-0.25)  # gains -1.0, +0.5
     assert summary["3x"]["rounds"] == 2 and summary["3x"]["pix2pix_test_psnr"] == [23.0, 22.0]
+
+
+def test_the_baseline_reaches_its_own_best_even_where_rounding_would_lift_it():
+    """The target is the pix2pix default's best smoothed PSNR as its curve holds it: a best at the last epoch whose
+    4-decimal rounding lies above it (seen: 16.643193 -> 16.6432) still counts as reached, at that epoch."""
+    from benchmarks.time_to_quality import PAPER, PROJECT, time_to_targets
+
+    baseline_curve = [15.2, 16.1, 16.643193435668945]
+    children = {
+        (PAPER, 0): {"psnr_seconds": [10.0, 20.0, 30.0], "psnr_smoothed": baseline_curve},
+        (PROJECT, 0): {"psnr_seconds": [4.0, 8.0, 12.0, 16.0], "psnr_smoothed": [None, 16.0, 16.7, 17.0]},
+    }
+    children[PAPER, 0]["best_psnr_smoothed"] = max(baseline_curve)
+    children[PROJECT, 0]["best_psnr_smoothed"] = 17.0
+    time_to_targets(children)
+    assert children[PAPER, 0]["seconds_to_target"] == 30.0
+    assert children[PROJECT, 0]["seconds_to_target"] == 12.0
+    assert children[PROJECT, 0]["target_psnr"] == max(baseline_curve)
+
+
+def test_seconds_per_epoch_leave_out_the_start_up():
+    """The first epoch's time carries the process's start-up; the rest are the epochs' own."""
+    from benchmarks.seed_spread import seconds_per_epoch
+
+    assert seconds_per_epoch({"psnr_seconds": [12.0, 14.0, 16.5, 18.0]}) == pytest.approx(2.0)
+    assert seconds_per_epoch({"psnr_seconds": [12.0]}) is None
