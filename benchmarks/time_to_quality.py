@@ -187,18 +187,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    common = [
-        f"early_stop.window={args.window}",
-        f"early_stop.patience={args.patience}",
-        f"train.max_epochs={args.max_epochs}",
-        "train.image_log_every=0",
-    ]
+    common = [f"early_stop.window={args.window}", f"early_stop.patience={args.patience}", "train.image_log_every=0"]
+    project = [*common, f"train.max_epochs={args.max_epochs}"]
     setups = {
         PAPER: [*common, *preset_overrides(PIX2PIX_DEFAULT), f"train.max_epochs={args.baseline_max_epochs}"],
-        PROJECT: common,
+        PROJECT: project,
     }
     for variant in args.variants:
-        setups[f"project default, {variant}"] = [*common, *variant.split()]
+        setups[f"project default, {variant}"] = [*project, *variant.split()]
     children: dict[tuple[str, int], dict] = {}
     print(
         f"{machine_text()}; {args.rounds} rounds (seeds), window {args.window}, patience {args.patience}, "
