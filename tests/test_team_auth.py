@@ -28,12 +28,15 @@ REPO = Path(__file__).resolve().parents[1]
 NAME = "thermal2visible-portrait"  # register.model_name auto, for the built-in portrait scene
 API = "/api/2.0/mlflow"
 MARKER = "T2V_TEAM_AUTH_TEST"
-# docs/team.md's settings file; the admin's first password comes from the environment
-AUTH_INI = """[mlflow]
-default_permission = NO_PERMISSIONS
-database_uri = sqlite:///{database}
-admin_username = admin
-"""
+
+
+def auth_ini(database: Path) -> str:
+    """docs/team.md's settings file as its recipe writes it, its user store at `database` (the admin's first
+    password comes from the environment)."""
+    recipe = (REPO / "docs" / "team.md").read_text()
+    text = re.search(r"cat > ~/mlflow-server/basic_auth.ini <<EOF\n(.*?)\nEOF\n", recipe, re.S).group(1)
+    assert "$HOME/mlflow-server/basic_auth.db" in text
+    return text.replace("$HOME/mlflow-server/basic_auth.db", str(database)) + "\n"
 
 
 def processes_marked(marker: str) -> list[int]:
@@ -72,7 +75,7 @@ def test_team_server_with_logins(tmp_path, tiny_cache, write_params):
     project = project_ready_to_register(tmp_path / "project", tiny_cache, write_params)
     root, artifacts = tmp_path / "server", tmp_path / "artifacts"
     root.mkdir()
-    (root / "basic_auth.ini").write_text(AUTH_INI.format(database=root / "basic_auth.db"))
+    (root / "basic_auth.ini").write_text(auth_ini(root / "basic_auth.db"))
     admin = ("admin", "admin-" + secrets.token_urlsafe(12))
     marker = secrets.token_hex(8)  # in the environment of the server and of everything it starts
     server_env = {
@@ -90,6 +93,8 @@ def test_team_server_with_logins(tmp_path, tiny_cache, write_params):
         assert requests.get(search, params={"max_results": 1}, auth=("admin", "wrong-password-1")).status_code == 401
         assert requests.put(f"{uri}/api/2.0/mlflow-artifacts/artifacts/0/x.txt", data=b"x").status_code == 401
         assert requests.get(search, params={"max_results": 1}, auth=admin).status_code == 200
+        # A checked password is remembered for the minute (auth_cache_ttl_seconds), a wrong one never.
+        assert requests.get(search, params={"max_results": 1}, auth=("admin", "wrong-password-1")).status_code == 401
 
         # The admin's users: a maintainer and a reader, passwords printed once.
         done = run_script(project, as_user(uri, *admin), "launch/team_users.py", "--manage", "ci", "--read", "anna")

@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.server import get_app_client
 from PIL import Image
-from test_team_auth import AUTH_INI, as_user, run_script
+from test_team_auth import as_user, auth_ini, run_script
 from test_team_server import project_ready_to_register
 from thermal2visible.dev.servers import mlflow_app
 from thermal2visible.registry.version_files import trusted_model_uri
@@ -44,7 +44,7 @@ def test_squatted_versions_are_refused_by_rule(tmp_path, tiny_cache, write_param
     project = project_ready_to_register(tmp_path / "project", tiny_cache, write_params)
     root = tmp_path / "server"
     root.mkdir()
-    (root / "basic_auth.ini").write_text(AUTH_INI.format(database=root / "basic_auth.db"))
+    (root / "basic_auth.ini").write_text(auth_ini(root / "basic_auth.db"))
     admin = ("admin", "admin-" + secrets.token_urlsafe(12))
     server_env = {
         "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),

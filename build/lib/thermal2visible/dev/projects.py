@@ -1,0 +1,21 @@
+"""A copy of this project as a user's clone holds it, for the tests and benchmarks that run its pipeline in a scratch
+folder: the pipeline files, what they need beside them, the code and the presets; no outputs and no record."""
+
+import shutil
+from pathlib import Path
+
+from thermal2visible.paths import PIPELINE_FILES, PROJECT
+
+# beside the pipeline files: the entry points, the environment, what git and DVC leave out, the package's metadata
+FILES = ("MLproject", "conda.yaml", ".gitignore", ".dvcignore", "data/.gitignore", "pyproject.toml", "README.md")
+FOLDERS = ("pipelines", "src", "params")
+
+
+def copy_project(folder: Path, *folders: str) -> Path:
+    """The project's pipeline and code copied into `folder` (made if missing), with `folders` of it too."""
+    for name in (*map(str, PIPELINE_FILES), *FILES):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROJECT / name, folder / name)
+    for name in (*FOLDERS, *folders):
+        shutil.copytree(PROJECT / name, folder / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return folder

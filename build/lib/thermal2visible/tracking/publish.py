@@ -1,0 +1,103 @@
+"""The MLflow runs that DVC's record stands for, found by what they describe and logged from the record where missing.
+
+DVC skips a stage whose outputs it already holds: in a fresh clone whose outputs came out byte-identical, after
+`dvc pull`, on a second `dvc repro`, or with MLFLOW_TRACKING_URI switched to a team server. A run logged as that
+stage's side effect would then be missing from the store the user points at. So each run is found by the content it
+describes — the sha256 of models/generator.pt for the training run, and of metrics/eval.json too for the evaluation
+run — and, where the store has none, logged from the record itself (params, the metric files, the figures, the model),
+tagged `logged_from: dvc record`. The register stage, which DVC always runs, calls these before it registers.
+"""
+
+from __future__ import annotations
+
+import csv
+
+from thermal2visible.config.schema import Params
+from thermal2visible.errors import PipelineError
+from thermal2visible.paths import (
+    ALIGN_OVERLAY,
+    ALIGN_REPORT,
+    EVAL_GRID,
+    EVAL_METRICS,
+    EVAL_REPORT,
+    GENERATOR,
+    PSNR_CSV,
+    PSNR_CURVE,
+    TRAIN_METRICS,
+)
+from thermal2visible.records import read_record
+from thermal2visible.tracking.runs import log_artifact, newest_run, start_run
+from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
+from thermal2visible.tracking.store import open_store, tracking_uri
+
+EVALUATION_DIGEST = "eval_sha256"
+LOGGED_FROM_RECORD = {"logged_from": "dvc record"}
+TRAINING_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")  # the params a train run logs
+
+
+def ensure_training_run(params: Params, digest: str) -> str:
+    """The id of the run that trained models/generator.pt (sha256 `digest`); logged from metrics/train.json,
+    metrics/psnr.csv and the PSNR curve when this store has none (the training ran against another store, or before
+    a `dvc pull`)."""
+    found = newest_run(open_store(tracking_uri()), "train", {GENERATOR_DIGEST: digest}, "FINISHED")
+    if found:
+        return found
+    # torch, for the payload, only here: the register stage, which DVC runs every time, finds the run without it
+    from thermal2visible.models.payloads import load_generator
+
+    fingerprint = load_generator(GENERATOR)[1]["fingerprint"]  # metrics/train.json holds numbers only
+    logger = start_run(
+        params,
+        "train",
+        TRAINING_SECTIONS,
+        dataset_context="training",
+        tags={"fingerprint": str(fingerprint), GENERATOR_DIGEST: digest, **LOGGED_FROM_RECORD},
+    )
+    with PSNR_CSV.open(newline="") as file:
+        for row in csv.DictReader(file):
+            curve = {f"val_{name}": float(row[name]) for name in ("psnr", "psnr_smoothed") if row[name]}
+            logger.log_metrics(curve, step=int(row["epoch"]))
+    for path in (GENERATOR, PSNR_CURVE, PSNR_CSV, TRAIN_METRICS):
+        log_artifact(logger, path)
+    logger.finalize("success")
+    print(f"register: logged the training run of {GENERATOR} from DVC's record ({logger.run_id})")
+    return logger.run_id
+
+
+def evaluation_metrics(report: dict) -> dict[str, float]:
+    """eval.json's scores as flat MLflow metrics: test_* for the generator, <baseline>_* beside them, identity_*."""
+    metrics = {
+        f"test_{metric}" if name == "generator" else f"{name}_{metric}": value
+        for name, values in report.items()
+        if isinstance(values, dict) and name != "identity"
+        for metric, value in values.items()
+    }
+    identity = report.get("identity", {})
+    if identity.get("score"):
+        metrics |= {
+            f"identity_{identity['score']}_{name}": value for name, value in identity.items() if type(value) is float
+        }
+    return metrics
+
+
+def ensure_evaluation_run(params: Params, generator: str, training_run_id: str) -> str:
+    """The id of the run that holds metrics/eval.json's scores of models/generator.pt (sha256 `generator`); logged
+    when missing."""
+    report = read_record(EVAL_METRICS, EVAL_REPORT)
+    if report.get(GENERATOR_DIGEST) != generator:
+        raise PipelineError(
+            f"{EVAL_REPORT}: scores another generator than {GENERATOR} (run the evaluate stage: dvc repro)"
+        )
+    tags = {GENERATOR_DIGEST: generator, EVALUATION_DIGEST: file_digest(EVAL_METRICS)}
+    found = newest_run(open_store(tracking_uri()), "evaluate", tags, "FINISHED")
+    if found:
+        return found
+    logger = start_run(
+        params, "evaluate", ("mlflow",), dataset_context="evaluation", tags=tags | {"train_run_id": training_run_id}
+    )
+    logger.log_metrics(evaluation_metrics(report))
+    for path in (EVAL_METRICS, EVAL_REPORT, EVAL_GRID, ALIGN_REPORT, ALIGN_OVERLAY):
+        if path.is_file():  # the alignment report is absent beside a cache made by hand, outside preprocess
+            log_artifact(logger, path)
+    logger.finalize("success")
+    return logger.run_id
