@@ -4,11 +4,12 @@ Two runs of the whole tiny pipeline in two clones give the same dvc.lock (every 
 id, timestamp or seconds in them). A fresh clone's `dvc pull` leaves only the register stage to run, and that fills
 the store the clone points at — its own mlflow.db or a team's `mlflow server` — with the training run, the evaluation
 run and the champion, which `pipelines/serve.py` then serves to the README's client; a second run adds nothing. A model
-trained by torchrun outside DVC is recorded and registered, not swapped for a cached one; a second dataset gets a
-registered model of its own.
+trained by torchrun outside DVC is recorded and registered, not swapped for a cached one; a user's own data, `dvc
+add`ed, gets a registered model of its own and travels to the next clone.
 """
 
 import base64
+import dataclasses
 import difflib
 import io
 import json
@@ -26,8 +27,8 @@ import yaml
 from mlflow import MlflowClient
 from PIL import Image
 
-from conftest import copy_without_store, make_project
-from thermal2visible.config.load import load_params, preset_overrides
+from conftest import copy_without_store
+from thermal2visible.config.load import load_params
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.dev.servers import free_port, mlflow_server, quiet_env, running
 from thermal2visible.registry.gate import CHAMPION, registered_model_name
@@ -239,36 +240,32 @@ def test_a_torchrun_training_is_recorded_and_registered_not_replaced(pushed, tmp
 
 
 @pytest.mark.timeout(600)
-def test_each_dataset_keeps_its_own_champion(pushed, tmp_path):
-    clone = pulled_clone(pushed, tmp_path / "teammate")
-    dvc(clone, "repro")
-    client, portrait = store_of(clone)
+def test_own_data_gets_its_own_champion_and_travels_with_dvc_push_to_a_clone_that_runs_only_register(pushed, tmp_path):
+    """README's own-data path in a teammate's clone whose store holds the built-in data's champion: the folder is
+    `dvc add`ed, its pipeline registers a model of its own beside the champion it leaves alone, and `git push` +
+    `dvc push` carry it all: the built-in data's stage never runs, and the next clone pulls everything and runs only
+    `register`."""
+    first = pulled_clone(pushed, tmp_path / "teammate")
+    dvc(first, "repro")
+    client, portrait = store_of(first)
     champion = client.get_model_version_by_alias(portrait, CHAMPION)
-    camera = [arg for setting in preset_overrides(REPO / "params" / "camera.yaml") for arg in ("-S", setting)]
-    dvc(clone, "exp", "run", *camera)
-    _, name = store_of(clone)
-    assert name != portrait and "camera" in name
+
+    params = load_params(first / "params.yaml").synthesize
+    own = dataclasses.replace(params, identities=params.identities + 1)  # other data, where a user's folder would be
+    synthesize(own, first / "data" / "skpairs")
+    dvc(first, "add", "data/skpairs")
+    output = dvc(first, "exp", "run", "-S", "data.source=data/skpairs")
+    assert ran(output) == set(STAGES) - REMADE
+    _, name = store_of(first)
+    assert name != portrait and name.endswith("skpairs")
     assert client.get_model_version_by_alias(name, CHAMPION).tags["data_hash"] != champion.tags["data_hash"]
     assert client.get_model_version_by_alias(portrait, CHAMPION).version == champion.version
     assert len(client.search_model_versions(f"name = '{portrait}'")) == 1
 
-
-@pytest.mark.timeout(300)
-def test_own_data_travels_with_dvc_push_and_a_clone_runs_only_register(tmp_path):
-    """README's own-data path: the folder is `dvc add`ed, so `git push` + `dvc push` carry it; the built-in data's
-    stage never runs, and a teammate's clone pulls everything and runs only `register`."""
-    first = make_project(tmp_path / "first")
-    own = first / "data" / "skpairs"
-    synthesize(load_params(first / "params.yaml").synthesize, own)  # the tiny set, written where a user's would be
-    dvc(first, "add", "data/skpairs")
-    output = dvc(first, "exp", "run", "-S", "data.source=data/skpairs")
-    assert ran(output) == set(STAGES) - {"data/dvc.yaml:synthesize"} and not (first / "data" / "raw").exists()
-    dvc(first, "remote", "add", "-d", "team", str(tmp_path / "remote"))
     git(first, "add", "-A")
     git(first, "commit", "-qm", "own data")
     dvc(first, "push")
-
-    clone = pulled_clone((first, first), tmp_path / "teammate")
+    clone = pulled_clone((first, first), tmp_path / "next")
     assert (clone / "data" / "skpairs" / "thermal").is_dir()
     assert "register" in dvc(clone, "status") and "skpairs" not in dvc(clone, "status")
     assert ran(dvc(clone, "repro")) == {"register"}
