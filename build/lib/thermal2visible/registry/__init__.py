@@ -1,3 +1,0 @@
-"""The MLflow model registry: how an export is packed as a pyfunc (packing.py), the champion gate that registers
-each export and moves the aliases (gate.py), and a registered version's files read back as data (version_files.py).
-"""

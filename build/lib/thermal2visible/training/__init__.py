@@ -1,1 +1,0 @@
-"""Pix2Pix training with Lightning: the module, PSNR early stopping, the Trainer built from params."""
