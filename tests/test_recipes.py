@@ -11,7 +11,9 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import copy_without_store
+from thermal2visible.config.load import load_params
 from thermal2visible.dev.servers import quiet_env
+from thermal2visible.registry.gate import CHAMPION, registered_model_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,6 +86,13 @@ def test_the_way_back_after_a_failed_experiment_and_from_the_camera_scene_ends_a
     [run, _] = recipe("camera.md", "It runs end to end from a fresh clone")
     shell(f"{run} --preset params/tiny.yaml", fresh, timeout=600)  # the camera scene at the tests' size
     assert "scene: camera" in (fresh / "params.yaml").read_text()
+    camera = registered_model_name(load_params(fresh / "params.yaml"))
+    assert camera.endswith("-camera")  # the built-in scene's own model, beside the portraits'
     for line in recipe("camera.md", "To go back to the portraits"):
         shell(line, fresh, timeout=600)
     settled(fresh)
+    portrait = registered_model_name(load_params(fresh / "params.yaml"))
+    store = MlflowClient(f"sqlite:///{fresh / 'mlflow.db'}")
+    # "The registered models of both datasets stay in the store.", each its own data's champion
+    data = {store.get_model_version_by_alias(name, CHAMPION).tags["data_hash"] for name in (camera, portrait)}
+    assert len(data) == 2 and all(data)

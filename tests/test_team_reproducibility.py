@@ -254,8 +254,10 @@ def test_own_data_gets_its_own_champion_and_travels_with_dvc_push_to_a_clone_tha
     own = dataclasses.replace(params, identities=params.identities + 1)  # other data, where a user's folder would be
     synthesize(own, first / "data" / "skpairs")
     dvc(first, "add", "data/skpairs")
+    built_in = {path: path.stat().st_mtime_ns for path in (first / "data" / "raw").rglob("*")}
     output = dvc(first, "exp", "run", "-S", "data.source=data/skpairs")
     assert ran(output) == set(STAGES) - REMADE
+    assert {path: path.stat().st_mtime_ns for path in (first / "data" / "raw").rglob("*")} == built_in  # not rewritten
     _, name = store_of(first)
     assert name != portrait and name.endswith("skpairs")
     assert client.get_model_version_by_alias(name, CHAMPION).tags["data_hash"] != champion.tags["data_hash"]
