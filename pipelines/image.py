@@ -121,8 +121,9 @@ def main(params: Params, args: argparse.Namespace) -> None:
 
 
 def replica_memory_mib(params: Params) -> int:
-    """A replica's memory limit: its workers' address-space limits (one per core at serve.workers 0) and the server."""
-    return (worker_count(params.serve.workers) + 1) * params.serve.worker_memory_mib
+    """A replica's memory limit: its workers' address-space limits (one per body in flight at serve.workers 0) and
+    the server's."""
+    return (worker_count(params.serve.workers, params.serve.max_bodies_in_flight) + 1) * params.serve.worker_memory_mib
 
 
 if __name__ == "__main__":

@@ -69,12 +69,12 @@ class CachedTestFrames:
     `trained_on` reads the training manifest packed with a model (registry.packing.pyfunc_arguments), so the gate
     can leave out the frames a champion trained on when the data changed."""
 
-    def __init__(self, cache: Path, experiment: str, max_pixels: int, max_model_pixels: int, max_run_seconds: float):
+    def __init__(self, cache: Path, experiment: str, *limits: float):
         self.scratch = tempfile.TemporaryDirectory()  # the downloaded versions, removed with this object
         self.experiment = (
             experiment  # a version from elsewhere is refused before it is scored (registry/version_files.py)
         )
-        self.limits = (max_pixels, max_model_pixels, max_run_seconds)
+        self.limits = limits  # version_files.load_registered's: max_pixels to max_check_seconds
         tests = [source for source in load_manifest(cache)["sources"] if source["split"] == "test"]
         if not tests:
             raise PipelineError(f"{cache}: the test split is empty; the champion gate needs test frames")
@@ -202,6 +202,7 @@ def register_new(
                 params.serve.max_pixels,
                 params.serve.max_model_pixels,
                 params.serve.max_run_seconds,
+                params.serve.max_check_seconds,
             ),
         )
     gate = result.gate

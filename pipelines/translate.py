@@ -40,18 +40,16 @@ from thermal2visible.inference.serving import IMAGE, ThermalToVisible, to_base64
 from thermal2visible.inference.video import VIDEO_SUFFIXES, translate_video
 
 
-def load_model(
-    model: str, experiment: str | None, max_pixels: int, max_model_pixels: int, max_run_seconds: float, scratch: Path
-) -> ThermalToVisible:
+def load_model(model: str, experiment: str | None, limits: tuple[float, ...], scratch: Path) -> ThermalToVisible:
     """The installed serving code around a .onnx file, or around the ONNX file of a registered model, fetched as
     data (registry.version_files) once it is trusted as coming from `experiment`: no code from the registry runs
     here."""
     if model.endswith(".onnx"):
         if not Path(model).is_file():
             raise PipelineError(f"{model}: no such ONNX file")
-        return model_of_files({"onnx": model}, max_pixels, max_model_pixels, max_run_seconds)
+        return model_of_files({"onnx": model}, *limits)
     try:
-        return load_registered(model, experiment, scratch, max_pixels, max_model_pixels, max_run_seconds)
+        return load_registered(model, experiment, scratch, *limits)
     except MlflowException as error:
         raise PipelineError(f"{model}: cannot load the model ({error.message})") from None
 
@@ -140,12 +138,18 @@ def main() -> None:
         "(default: params.yaml serve.max_run_seconds)",
     )
     parser.add_argument(
+        "--max-check-seconds",
+        type=float,
+        help="longest the model's one-square check on load may take before the model is refused "
+        "(default: params.yaml serve.max_check_seconds)",
+    )
+    parser.add_argument(
         "--experiment",
         help="the project's MLflow experiment: on a team server, a registered model is loaded only if its version "
         "comes from it (docs/team.md; default: params.yaml mlflow.experiment)",
     )
     args = parser.parse_args()
-    limits = ("max_pixels", "max_model_pixels", "max_run_seconds")
+    limits = ("max_pixels", "max_model_pixels", "max_run_seconds", "max_check_seconds")
     # a file or folder here needs no experiment: only what comes from a store is checked against it
     needs_experiment = args.experiment is None and urlparse(args.model).scheme not in ("", "file")
     if needs_experiment or any(getattr(args, limit) is None for limit in limits):
@@ -154,7 +158,7 @@ def main() -> None:
         except ConfigError as error:
             sys.exit(
                 f"error: {error} (run from the project folder, or give --max-pixels, --max-model-pixels, "
-                "--max-run-seconds and, for a registered model, --experiment)"
+                "--max-run-seconds, --max-check-seconds and, for a registered model, --experiment)"
             )
         for limit in limits:
             if getattr(args, limit) is None:
@@ -167,7 +171,7 @@ def main() -> None:
         images = [] if video else find_images(args.input)
         with tempfile.TemporaryDirectory() as scratch:
             model = load_model(
-                args.model, args.experiment, args.max_pixels, args.max_model_pixels, args.max_run_seconds, Path(scratch)
+                args.model, args.experiment, tuple(getattr(args, limit) for limit in limits), Path(scratch)
             )
             if video:
                 frames = translate_video(model, args.input, args.output)

@@ -1,5 +1,6 @@
-"""An ONNX file is data that can still loop: every onnxruntime run stops at its time limit (serve.max_run_seconds for
-a file or registered version), translate.py and the register stage's champion gate refuse such a model by name, and a
+"""An ONNX file is data that can still loop: every onnxruntime run stops at its time limit, and the one-square check
+every loader runs first has its own short one (serve.max_check_seconds, apart from a batch's serve.max_run_seconds):
+make serve, translate.py and the register stage's champion gate refuse such a model by name within seconds, and a
 file onnxruntime cannot load is refused in one line naming it."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from thermal2visible.inference.session import INPUT_NAME, RunTimeLimit, onnx_ses
 from thermal2visible.paths import MANIFEST
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMIT = 1  # seconds: serve.max_run_seconds for the commands below, so each refusal comes within seconds
+LIMIT = 1  # seconds: serve.max_check_seconds for the commands below (serve.max_run_seconds stays params.yaml's)
 REFUSED_WITHIN = 60  # seconds, starting Python and MLflow included; without the limit they never return
 
 
@@ -93,7 +94,7 @@ def test_a_file_onnxruntime_cannot_load_is_one_line_naming_it(tmp_path):
 
 
 def translate(model: str, frames: Path, out: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    limits = ["--max-pixels", "1000000", "--max-model-pixels", "1000000", "--max-run-seconds", str(LIMIT)]
+    limits = ["--max-pixels", "1000000", "--max-model-pixels", "1000000", "--max-check-seconds", str(LIMIT)]
     command = [sys.executable, str(ROOT / "pipelines" / "translate.py"), "--model", model, *limits]
     return subprocess.run(
         [*command, "--input", str(frames), "--output", str(out)],
@@ -119,7 +120,9 @@ def frames(tiny_cache, tmp_path) -> Path:
 
 def refusal(model: str, tiny_cache: Path) -> str:
     size = json.loads((tiny_cache / MANIFEST).read_text())["image_size"]
-    return f"{model}: an onnxruntime run passed its {LIMIT} s limit on one {size}x{size} square (serve.max_run_seconds)"
+    return (
+        f"{model}: an onnxruntime run passed its {LIMIT} s limit on one {size}x{size} square (serve.max_check_seconds)"
+    )
 
 
 @pytest.mark.slow  # an export and a translate.py process
@@ -135,12 +138,12 @@ def test_a_looping_champion_is_refused_by_translate_and_the_gate_within_its_limi
     tracking_uri, looping_export, tiny_cache, frames, tmp_path
 ):
     """A version whose graph loops before the network, made champion: translate.py and the register stage's gate
-    refuse it by name within serve.max_run_seconds, and the champion stays where it was."""
+    refuse it by name within serve.max_check_seconds, and the champion stays where it was."""
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(SHIPPED.mlflow.experiment)  # where serving on a tracking server trusts a run
     with mlflow.start_run():  # MLflow loads the model to check its input example: within the limit too
         with pyfunc_arguments(
-            looping_export, ServedLimits.of(shipped("serve", max_run_seconds=LIMIT)), tiny_cache / MANIFEST
+            looping_export, ServedLimits.of(shipped("serve", max_check_seconds=LIMIT)), tiny_cache / MANIFEST
         ) as arguments:
             logged = mlflow.pyfunc.log_model(name="model", **arguments)
     client = MlflowClient(tracking_uri)
@@ -157,7 +160,7 @@ def test_a_looping_champion_is_refused_by_translate_and_the_gate_within_its_limi
     project = tmp_path / "project"
     shutil.copytree(tiny_cache, project / "data" / "cache")
     write_stage_record(project, export_tiny(tmp_path / "new", tiny_cache, seed=1).parent, 21.0)
-    settings = ["--set", "register.model_name=looping", "--set", f"serve.max_run_seconds={LIMIT}"]
+    settings = ["--set", "register.model_name=looping", "--set", f"serve.max_check_seconds={LIMIT}"]
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(ROOT / "pipelines" / "register.py"), "--params", str(SHIPPED_FROM), *settings],
@@ -171,3 +174,18 @@ def test_a_looping_champion_is_refused_by_translate_and_the_gate_within_its_limi
     assert f"error: models:/looping/{version.version}: " in done.stderr  # the gate names the champion's version
     assert f"{refusal('looping.onnx', tiny_cache)}; refused, nothing was moved" in done.stderr
     assert client.get_registered_model("looping").aliases[CHAMPION] == version.version
+
+
+@pytest.mark.slow  # a make serve process
+def test_make_serve_refuses_a_looping_model_within_its_check_limit(looping_export, tiny_cache, tmp_path):
+    with pyfunc_arguments(looping_export, ServedLimits.of(shipped("serve", max_check_seconds=LIMIT))) as arguments:
+        mlflow.pyfunc.save_model(str(tmp_path / "model"), **arguments)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / "serve.py"), "--model", str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=REFUSED_WITHIN,
+    )
+    assert done.returncode != 0 and time.monotonic() - started < REFUSED_WITHIN
+    assert done.stderr.strip().splitlines()[-1].endswith(refusal("looping.onnx", tiny_cache))

@@ -155,5 +155,6 @@ def test_the_served_model_stops_at_the_servers_timeout_by_default(onnx_file, tmp
     """Without MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT set, make serve's model still knows the scoring server's
     timeout (MLflow's default), so abandoned work stops under the default settings too."""
     monkeypatch.delenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", raising=False)
-    scoring_app(saved(onnx_file, tmp_path / "model", LIMITS), shipped("serve", workers=1))
+    _, workers = scoring_app(saved(onnx_file, tmp_path / "model", LIMITS), shipped("serve", workers=1))
+    workers.close()
     assert Work(None, arrived=0.0).deadline == MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get() > 0

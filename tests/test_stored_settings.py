@@ -17,7 +17,7 @@ from thermal2visible.registry.version_files import model_of_files
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import MANIFEST
 
-LIMITS = {"max_pixels": 10**6, "max_model_pixels": 10**6, "max_run_seconds": 60.0}
+LIMITS = {"max_pixels": 10**6, "max_model_pixels": 10**6, "max_run_seconds": 60.0, "max_check_seconds": 10.0}
 
 
 @pytest.fixture(scope="module")

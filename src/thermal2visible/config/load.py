@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from thermal2visible.config.messages import reason
 from thermal2visible.config.schema import SCHEMA, Params
 from thermal2visible.config.stored import upgraded_model
+from thermal2visible.config.yaml_data import load_yaml
 from thermal2visible.errors import ConfigError
 from thermal2visible.paths import DVC_YAML, PARAMS
 
@@ -29,13 +30,16 @@ def apply_override(raw: dict, override: str) -> None:
         raw = raw.setdefault(name, {})
         if not isinstance(raw, dict):
             raise ConfigError(f"{'.'.join(path[: depth + 1])}: expected a mapping of keys")
-    raw[key] = yaml.safe_load(value)
+    try:
+        raw[key] = load_yaml(value)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"override {override!r}: not valid YAML: {error}") from None
 
 
 def _read_sections(path: Path, role: str) -> dict:
     """A YAML file of `section: {key: value}` (params.yaml or a preset), or a ConfigError naming the file."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such {role} file") from None
     except yaml.YAMLError as error:
@@ -52,7 +56,7 @@ def preset_overrides(path: str | Path) -> list[str]:
     raw = _read_sections(Path(path), "preset")
 
     def text(value: object) -> str:
-        if isinstance(value, str) and " " not in value and yaml.safe_load(value) == value:
+        if isinstance(value, str) and " " not in value and load_yaml(value) == value:
             return value
         return json.dumps(value, separators=(",", ":"))
 
@@ -72,7 +76,7 @@ def preset_overrides(path: str | Path) -> list[str]:
 def stage_sections(pipeline: Path = DVC_YAML) -> set[str]:
     """The params.yaml sections that the stages of `pipeline` (the project's dvc.yaml) read: their `params:`."""
     try:
-        stages = yaml.safe_load(pipeline.read_text()).get("stages", {})
+        stages = load_yaml(pipeline.read_text()).get("stages", {})
     except (FileNotFoundError, AttributeError, yaml.YAMLError):
         return set()  # outside a DVC project (or a broken dvc.yaml, which DVC reports itself) every section is ours
     return {

@@ -209,9 +209,11 @@ class ServeConfig:
     max_request_pixels: Annotated[int, Field(ge=1)]
     max_request_cpu_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     max_run_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    max_check_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     max_request_bytes: Annotated[int, Field(ge=1024)]
-    workers: Annotated[int, Field(ge=0)]  # 0: one per core
+    workers: Annotated[int, Field(ge=0)]  # 0: one per body in flight
     worker_memory_mib: Annotated[int, Field(ge=256)]
+    head_timeout_s: Annotated[float, Field(ge=0.001, le=60, allow_inf_nan=False)]
     body_read_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     body_deadline_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     max_bodies_in_flight: Annotated[int, Field(ge=1)]

@@ -1,8 +1,9 @@
-"""The HTTP edge of `make serve`: what the server reads from a client is bounded before MLflow's scoring app parses it.
+"""The HTTP edge of `make serve`: what the server reads from a client is bounded before any parser sees it, and the
+server process parses none of it.
 
-MLflow's app reads the whole body and parses it (JSON, CSV or parquet) before the model counts a row: a 59 KB
+MLflow's scoring app reads the whole body and parses it (JSON, CSV or parquet) before the model counts a row: a 59 KB
 parquet body can hold 20 M rows, and a stalled upload holds its memory for as long as the client keeps the
-connection. So, as uvicorn passes the body on, in this order:
+connection. So, as the HTTP server passes a POST /invocations body on, in this order:
 
 - only `application/json` (the documented request forms) gets through: anything else is a 415 before a byte is read;
 - at most `max_bodies` requests are received or answered at once (503 beyond: each holds its body in memory);
@@ -11,9 +12,10 @@ connection. So, as uvicorn passes the body on, in this order:
 - the bytes (413), the nesting and the JSON values (commas and opening brackets, an upper bound on the rows and
   columns; 400) are counted as the body arrives, so a body that holds millions of rows is refused before any parser
   allocates them;
-- every error reply is rewritten by `plain_error`: no stack trace, no address, no request text.
+- the body, as bytes, goes to `answer`, which has it parsed and answered by a worker process under OS limits
+  (inference.rest); error replies come back already cut by `plain_error`: no stack trace, no address, no request text.
 
-uvicorn's own `limit_concurrency` caps the open connections (503 beyond).
+Every other route (/ping, /health, /version) is the app's: it reads no body.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import json
 import re
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import Awaitable, Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 JSON = b"application/json"
+INVOCATIONS = "/invocations"
 REPLY_CHARS = 1500
 MAX_NESTING = 8  # {"dataframe_split": {"data": [["..."]]}} is 4 deep; every request form fits in 8
 VALUES_PER_ROW = 8  # a row costs at most 2 commas and 2 brackets in any request form, with its index
@@ -82,44 +87,43 @@ async def reply(send: Send, status: int, content: dict[str, str]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class Edge:
-    """ASGI middleware: bounded reading (module docstring), then the app with its error replies made plain."""
+Answer = Callable[[str, bytearray], Awaitable[tuple[int, str, bytes]]]  # (content type, body) -> (status, type, reply)
 
-    def __init__(self, app: ASGIApp, limits: EdgeLimits, names: frozenset[str]):
-        self.app, self.limits, self.names = app, limits, names
+
+class Edge:
+    """ASGI middleware: a POST /invocations read within bounds (module docstring) and answered by `answer`; the
+    rest to `app`."""
+
+    def __init__(self, app: ASGIApp, limits: EdgeLimits, answer: Answer):
+        self.app, self.limits, self.answer = app, limits, answer
         self.bodies = 0  # requests between their first read and their reply: the event loop's thread only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != INVOCATIONS:
             return await self.app(scope, receive, send)
         if self.bodies >= self.limits.max_bodies:
             reason = f"{self.limits.max_bodies} requests are being received or answered (serve.max_bodies_in_flight)"
             return await reply(send, 503, {"error_code": "TEMPORARILY_UNAVAILABLE", "message": reason + "; retry"})
         self.bodies += 1
-        held = True
-
-        def release() -> None:
-            nonlocal held
-            if held:
-                held, self.bodies = False, self.bodies - 1
-
-        async def send_and_release(message: Message) -> None:
-            await send(message)
+        try:
+            try:
+                body = await self._body(scope, receive)
+            except Refused as refused:
+                return await reply(send, refused.status, {"error_code": "BAD_REQUEST", "message": str(refused)})
+            if body is None:
+                return
+            content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+            status, media_type, answer = await self.answer(content_type, body)
+            del body
+            headers = [(b"content-type", media_type.encode("latin-1")), (b"content-length", str(len(answer)).encode())]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
+        finally:
             # The reply is out, and no await has let another request in since: a client that sends its next request
             # on the answer finds the slot free, so N clients never need more than N slots.
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                release()
+            self.bodies -= 1
 
-        try:
-            body = await self._body(scope, receive)
-            if body is not None:
-                await self._answer(scope, body, send_and_release)
-        except Refused as refused:
-            await reply(send_and_release, refused.status, {"error_code": "BAD_REQUEST", "message": str(refused)})
-        finally:
-            release()
-
-    async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
+    async def _body(self, scope: Scope, receive: Receive) -> bytearray | None:
         """The whole body, or None when the client left; Refused past a limit."""
         headers = dict(scope["headers"])
         if headers.get(b"content-type", b"").split(b";")[0].strip().lower() != JSON:
@@ -130,7 +134,7 @@ class Edge:
             raise Refused(413, too_long)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limits.deadline_s
-        chunks, size, values, opens, closes, depth, deepest = [], 0, 0, 0, 0, 0, 0
+        body, values, opens, closes, depth, deepest = bytearray(), 0, 0, 0, 0, 0
         more = True
         while more:
             wait = min(limits.read_timeout_s, deadline - loop.time())
@@ -145,12 +149,12 @@ class Edge:
             if message["type"] == "http.disconnect":
                 return None
             chunk, more = message.get("body", b""), message.get("more_body", False)
-            size += len(chunk)
-            if size > limits.max_body_bytes:
+            if len(body) + len(chunk) > limits.max_body_bytes:
                 raise Refused(413, too_long)
-            opens += chunk.count(b"[") + chunk.count(b"{")
+            chunk_opens = chunk.count(b"[") + chunk.count(b"{")
+            opens += chunk_opens
             closes += chunk.count(b"]") + chunk.count(b"}")
-            values += chunk.count(b",") + chunk.count(b"[") + chunk.count(b"{")
+            values += chunk.count(b",") + chunk_opens
             if values > limits.max_values:
                 raise Refused(
                     400,
@@ -162,31 +166,8 @@ class Edge:
             depth, deepest = _nesting(chunk, depth, deepest)  # walks at most 2 x max_values brackets in all
             if deepest > MAX_NESTING:
                 raise Refused(400, f"request JSON nests over {MAX_NESTING} levels; no request form needs more")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def _answer(self, scope: Scope, body: bytes, send: Send) -> None:
-        request, status, error_body = body, 200, []
-
-        async def replay() -> Message:
-            nonlocal body
-            message, body = {"type": "http.request", "body": body, "more_body": False}, b""
-            return message
-
-        async def send_plain(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                if status < 400:
-                    await send(message)
-            elif status < 400:
-                await send(message)
-            else:
-                error_body.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    await reply(send, status, plain_error(b"".join(error_body), request, self.names))
-
-        await self.app(scope, replay, send_plain)
+            body += chunk
+        return body  # bytes-like: the pipe to the worker takes it without a copy
 
 
 def _nesting(chunk: bytes, depth: int, deepest: int) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 
 from thermal2visible.config.schema import ServeConfig
-from thermal2visible.inference.session import RUN_SECONDS
+from thermal2visible.inference.session import CHECK_SECONDS, RUN_SECONDS
 
 
 class ServingError(MlflowException):
@@ -77,6 +77,7 @@ class ServedLimits:
     max_request_pixels: int | None = None  # summed over the rows
     max_request_cpu_seconds: float | None = None
     max_run_seconds: float = RUN_SECONDS  # one onnxruntime run; a version packed before the key ran with RUN_SECONDS
+    max_check_seconds: float = CHECK_SECONDS  # the one-square run on load (session.check_runs)
 
     @classmethod
     def of(cls, serve: ServeConfig) -> ServedLimits:

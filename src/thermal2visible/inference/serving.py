@@ -16,27 +16,24 @@ before any pixel is decoded (`ServedLimits`): its rows, each image's pixels from
 pages included), the pixels summed over its rows, and the pixels a frame costs the model (`frames.model_size`: a
 thin frame grows when scaled to the training size). During the work, a request that has used its CPU-seconds
 stops with a 400, and one the scoring server has already answered 504 (its timeout passed) stops at the next step,
-so no abandoned request keeps a worker busy. Requests run one at a time per worker: the model already uses every
-core, and a request queued past its timeout does no work at all.
+so no abandoned request keeps its worker busy. `make serve` runs this class inside worker processes under OS limits
+(inference.rest); in one process, requests run one at a time: the model already uses every core.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import io
 import logging
+import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
 
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
-from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT as TIMEOUT
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, ErrorCode, INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, TEMPORARILY_UNAVAILABLE
 from PIL import Image
 
 from thermal2visible.data.images import BadImage, decode_image, image_size
@@ -50,7 +47,6 @@ from thermal2visible.inference.session import (
     onnx_session,
     run_onnx,
 )
-from thermal2visible.inference.workers import OverLimit, WorkerLimits, Workers
 from thermal2visible.pixels import quantise
 from thermal2visible.inference.request_budget import ServedLimits, ServingError, Work, bad_request, row_bytes
 
@@ -75,7 +71,9 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
     """artifacts: {"onnx": the generator from `export`}; model_config: `ServedLimits` as a dict."""
 
     def load_context(self, context) -> None:
-        self.load(context.artifacts["onnx"], context.model_config)
+        # OMP_NUM_THREADS, when set, caps onnxruntime's threads as it caps torch's: a server's worker sets it to 1
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        self.load(context.artifacts["onnx"], context.model_config, int(threads) if threads.isdigit() else None)
         self.training_manifest = context.artifacts.get(TRAINING_MANIFEST)  # optional: pyfunc_arguments
         if self.training_manifest is not None:
             check_trained_with(self.preprocess, self.training_manifest, self.onnx)
@@ -87,19 +85,11 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
         self.session = onnx_session(onnx, threads)
         settings = exported_settings(self.session, onnx)
         self.limits = ServedLimits(**model_config)
-        check_runs(self.session, settings, onnx, self.limits.max_model_pixels, self.limits.max_run_seconds)
+        check_runs(self.session, settings, onnx, self.limits.max_model_pixels, self.limits.max_check_seconds)
         self.preprocess = settings.preprocess
         self.in_channels = settings.in_channels
         self.max_pixels = self.limits.max_pixels
         self.one_at_a_time = threading.Lock()
-        self.workers: Workers | None = None
-
-    def use_workers(self, count: int, memory_mib: int) -> None:
-        """Decode and translate every request in one of `count` worker processes, each holding its own session of
-        one thread, under OS limits (`workers.Workers`): `memory_mib` of address space, the request's CPU-seconds
-        and the server's request timeout."""
-        limits = WorkerLimits(memory_mib, self.limits.max_request_cpu_seconds)
-        self.workers = Workers(count, functools.partial(worker_handler, self.onnx, self.model_config), limits)
 
     def check_work(self, height: int, width: int, where: str) -> None:
         """A 400 naming `where`, the frame's size and the limit when the model would run on more than
@@ -182,19 +172,8 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
             raise bad_request(f"{len(values)} images in one request; serve.max_rows allows {rows}")
         images = [row_bytes(value, row, self.limits.max_pixels) for row, value in enumerate(values)]
         self.check_request(images)
-        if self.workers is None:
-            with self.one_at_a_time:
-                return self.translate_rows(images, arrived)
-        try:
-            answer = self.workers.run((images, arrived), arrived + TIMEOUT.get(), TIMEOUT.name)
-        except OverLimit as over:
-            unavailable = over.busy or over.limit == TIMEOUT.name
-            raise ServingError(
-                str(over), error_code=TEMPORARILY_UNAVAILABLE if unavailable else INVALID_PARAMETER_VALUE
-            )
-        if isinstance(answer, WorkerRefusal):
-            raise ServingError(answer.message, error_code=ErrorCode.Value(answer.error_code))
-        return answer
+        with self.one_at_a_time:
+            return self.translate_rows(images, arrived)
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         # MLflow has enforced the signature by now: whatever the request form, a DataFrame with an `image` column.
@@ -203,35 +182,12 @@ class ThermalToVisible(mlflow.pyfunc.PythonModel):
             raise bad_request(f"no images: the '{IMAGE}' column has 0 rows")
         try:
             return pd.DataFrame({IMAGE: self._translate(list(model_input[IMAGE]), arrived)})
-        except (MlflowException, RunTimeLimit):
+        except (MlflowException, MemoryError):  # MemoryError: the process's memory limit, its owner's to answer
             raise
+        except RunTimeLimit as error:  # the model's fault: MLflow would answer any other type with its traceback
+            raise ServingError(str(error), error_code=TEMPORARILY_UNAVAILABLE) from None
         except Exception as error:  # a bug here, not a bad request: 500, traceback in the log only
             log.exception("translation failed")
             raise ServingError(
                 f"internal error while translating: {type(error).__name__}", error_code=INTERNAL_ERROR
             ) from None
-
-
-@dataclass(frozen=True)
-class WorkerRefusal:
-    """A ServingError raised in a worker, as it crosses the pipe (an exception's pickle would lose its error code)."""
-
-    message: str
-    error_code: str
-
-
-def worker_handler(onnx: str, model_config: dict) -> Callable[[tuple[list[bytes], float]], list[str] | WorkerRefusal]:
-    """Run inside a worker (`workers.Setup`): the model loaded with one onnxruntime thread (the pool has one worker
-    per core), and the function that translates one request's checked images."""
-    model = ThermalToVisible()
-    model.load(onnx, model_config, threads=1)
-
-    def handle(request: tuple[list[bytes], float]) -> list[str] | WorkerRefusal:
-        try:
-            return model.translate_rows(*request)
-        except ServingError as error:
-            return WorkerRefusal(error.message, error.error_code)
-        except RunTimeLimit as error:
-            return WorkerRefusal(str(error), "TEMPORARILY_UNAVAILABLE")
-
-    return handle

@@ -107,6 +107,9 @@ def exported_settings(session: ort.InferenceSession, where: str) -> ExportedSett
 # few seconds for the U-Net at 512 px on 2 CPU cores. Readers of a model file or registered version (make serve,
 # translate.py, the champion gate) take serve.max_run_seconds instead.
 RUN_SECONDS = 300.0
+# The one-square run on load (`check_runs`) of a version packed before serve.max_check_seconds was kept: a looping
+# graph is refused this soon, whatever its per-batch limit.
+CHECK_SECONDS = 10.0
 
 
 def run_onnx(session: ort.InferenceSession, batch: np.ndarray, seconds: float = RUN_SECONDS) -> np.ndarray:
@@ -132,7 +135,7 @@ def check_runs(
     """The graph run once on one training square of its metadata's image_size: a size the network's depth does not
     take (a U-Net of log2(S) levels fed 17 px) is refused naming the file, key and value when the model is loaded,
     rather than failing every frame with onnxruntime's text; the graph decides, whichever generator made it. A graph
-    that loops stops at `seconds` (RunTimeLimit naming the file)."""
+    that loops stops at `seconds` (serve.max_check_seconds: RunTimeLimit naming the file and the key)."""
     size, channels = settings.image_size, settings.in_channels
     if size * size > max_model_pixels:  # before the square is allocated: the metadata chose its size
         raise PipelineError(
@@ -142,7 +145,7 @@ def check_runs(
     try:
         visible = run_onnx(session, np.zeros((1, channels, size, size), np.float32), seconds)
     except RunTimeLimit as error:
-        raise RunTimeLimit(f"{where}: {error} on one {size}x{size} square (serve.max_run_seconds)") from None
+        raise RunTimeLimit(f"{where}: {error} on one {size}x{size} square (serve.max_check_seconds)") from None
     except Exception as error:  # onnxruntime's own types, as on load
         raise PipelineError(
             f"{where}: metadata image_size {size}: the graph cannot run on one {size}x{size} square "

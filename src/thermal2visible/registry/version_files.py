@@ -27,6 +27,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import PythonModelContext
 
+from thermal2visible.config.yaml_data import load_yaml
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import TRAINING_MANIFEST, ThermalToVisible
@@ -104,12 +105,15 @@ def trusted_model_uri(model_uri: str, experiment: str) -> str:
 
 
 def model_of_files(
-    artifacts: dict[str, str], max_pixels: int, max_model_pixels: int, max_run_seconds: float
+    artifacts: dict[str, str], max_pixels: int, max_model_pixels: int, max_run_seconds: float, max_check_seconds: float
 ) -> ThermalToVisible:
     """The installed serving code around local files: {"onnx": path[, "training_manifest": path]}."""
     model = ThermalToVisible()
     # no request budget: one local image at a time
-    config = asdict(ServedLimits(max_pixels, max_model_pixels, max_run_seconds=max_run_seconds))
+    limits = ServedLimits(
+        max_pixels, max_model_pixels, max_run_seconds=max_run_seconds, max_check_seconds=max_check_seconds
+    )
+    config = asdict(limits)
     model.load_context(PythonModelContext(artifacts=artifacts, model_config=config))
     return model
 
@@ -118,7 +122,7 @@ def artifact_files(model_dir: Path, where: str) -> dict[str, str]:
     """The pyfunc artifacts an MLmodel names, as paths inside `model_dir`; a PipelineError naming `where` when the
     file is not an MLflow pyfunc of this project or a path points outside the download."""
     try:
-        flavor = yaml.safe_load((model_dir / "MLmodel").read_text())["flavors"]["python_function"]
+        flavor = load_yaml((model_dir / "MLmodel").read_text())["flavors"]["python_function"]
         named = {name: flavor["artifacts"][name]["path"] for name in ARTIFACTS if name in flavor["artifacts"]}
     except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
         raise PipelineError(f"{where}: not a model this project registered ({type(error).__name__}: {error})") from None
@@ -135,7 +139,13 @@ def artifact_files(model_dir: Path, where: str) -> dict[str, str]:
 
 
 def load_registered(
-    model_uri: str, experiment: str, scratch: Path, max_pixels: int, max_model_pixels: int, max_run_seconds: float
+    model_uri: str,
+    experiment: str,
+    scratch: Path,
+    max_pixels: int,
+    max_model_pixels: int,
+    max_run_seconds: float,
+    max_check_seconds: float,
 ) -> ThermalToVisible:
     """The model at `model_uri` (models:/NAME@ALIAS, models:/NAME/VERSION, runs:/..., a local model folder), trusted
     as coming from experiment `experiment` (`trusted_model_uri`), downloaded into `scratch` and run by the installed
@@ -144,6 +154,7 @@ def load_registered(
     pinned = trusted_model_uri(model_uri, experiment)
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=str(scratch)))
     try:
-        return model_of_files(artifact_files(local, model_uri), max_pixels, max_model_pixels, max_run_seconds)
+        files = artifact_files(local, model_uri)
+        return model_of_files(files, max_pixels, max_model_pixels, max_run_seconds, max_check_seconds)
     except PipelineError as error:  # it names a file of the download, a temporary folder: the version comes first
         raise type(error)(f"{model_uri}: {error}") from None
