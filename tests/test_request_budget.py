@@ -155,6 +155,7 @@ def test_the_served_model_stops_at_the_servers_timeout_by_default(onnx_file, tmp
     """Without MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT set, make serve's model still knows the scoring server's
     timeout (MLflow's default), so abandoned work stops under the default settings too."""
     monkeypatch.delenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", raising=False)
-    _, workers = scoring_app(saved(onnx_file, tmp_path / "model", LIMITS), shipped("serve", workers=1))
+    model = saved(onnx_file, tmp_path / "model", LIMITS)
+    _, workers = scoring_app(model, shipped("serve", workers=1), str(tmp_path / "files"))
     workers.close()
     assert Work(None, arrived=0.0).deadline == MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get() > 0

@@ -12,6 +12,7 @@ import json
 import os
 import resource
 import signal
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from granian.constants import HTTPModes, Interfaces
@@ -19,6 +20,7 @@ from granian.http import HTTP1Settings
 from granian.server.embed import Server
 from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT as TIMEOUT
 from mlflow.exceptions import MlflowException
+import mlflow.artifacts
 import mlflow.pyfunc
 from mlflow.pyfunc import scoring_server
 from mlflow.version import VERSION
@@ -113,14 +115,15 @@ def routes_without_body() -> Starlette:
     return Starlette(routes=[Route("/ping", ping), Route("/health", ping), Route("/version", version)])
 
 
-def scoring_app(model_uri: str, serve: ServeConfig) -> tuple[ASGIApp, Workers]:
-    """The server's app for the model at `model_uri` and its workers (started, each with the model loaded); a model
-    that cannot be served raises the first worker's PipelineError."""
+def scoring_app(model_uri: str, serve: ServeConfig, files: str) -> tuple[ASGIApp, Workers]:
+    """The server's app for the model at `model_uri` and its workers (started, each with the model loaded from the
+    one copy of its files under `files`); a model that cannot be served raises the first worker's PipelineError."""
     # The workers' wall-clock limit is the scoring server's timeout, as `mlflow models serve` sets it for its workers.
     os.environ.setdefault(TIMEOUT.name, str(TIMEOUT.get()))
     start_forkserver(__name__)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=files)  # once, not once a worker
     count = worker_count(serve.workers, serve.max_bodies_in_flight)
-    workers = Workers(count, functools.partial(invocations_in_worker, model_uri), serve.worker_memory_mib)
+    workers = Workers(count, functools.partial(invocations_in_worker, local), serve.worker_memory_mib)
     limits = EdgeLimits.of(
         serve.max_request_bytes,
         workers.told["max_rows"] or serve.max_rows,
@@ -161,9 +164,10 @@ async def listen(app: ASGIApp, serve: ServeConfig) -> None:
 
 
 def serve(model_uri: str, serve: ServeConfig) -> None:
-    app, workers = scoring_app(model_uri, serve)
-    allow_open_files(serve.max_connections)
-    try:
-        asyncio.run(listen(app, serve))
-    finally:
-        workers.close()
+    with tempfile.TemporaryDirectory(prefix="thermal2visible-serve-") as files:
+        app, workers = scoring_app(model_uri, serve, files)
+        allow_open_files(serve.max_connections)
+        try:
+            asyncio.run(listen(app, serve))
+        finally:
+            workers.close()
