@@ -12,7 +12,6 @@ import time
 import zlib
 from pathlib import Path
 
-import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,10 +19,9 @@ import requests
 import tifffile
 from PIL import Image
 from shipped import shipped
-from tiny_model import export_tiny
+from tiny_model import export_tiny, saved_pyfunc
 
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, memory_mib, model_server
-from thermal2visible.registry.packing import pyfunc_arguments
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import IMAGE, png_bytes, to_base64
 
@@ -84,9 +82,8 @@ def png_bomb(side: int) -> bytes:
 @pytest.fixture(scope="module")
 def server(tiny_cache, tmp_path_factory):
     folder = tmp_path_factory.mktemp("bounded")
-    with pyfunc_arguments(export_tiny(folder / "onnx", tiny_cache), LIMITS) as arguments:
-        mlflow.pyfunc.save_model(str(folder / "model"), **arguments)
-    with model_server(str(folder / "model"), folder / "serve", None, *SERVER) as base:
+    model = saved_pyfunc(export_tiny(folder / "onnx", tiny_cache), folder / "model", LIMITS)
+    with model_server(model, folder / "serve", None, *SERVER) as base:
         pid = listening_pid(int(base.rsplit(":", 1)[1]))
         before = memory_mib(pid)["rss"]
         yield base, pid

@@ -15,18 +15,16 @@ import time
 import zlib
 from pathlib import Path
 
-import mlflow.pyfunc
 import numpy as np
 import pytest
 import requests
 from PIL import Image
 from shipped import shipped
-from tiny_model import export_tiny
+from tiny_model import export_tiny, saved_pyfunc
 
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, memory_mib, model_server, process_ticks
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import png_bytes
-from thermal2visible.registry.packing import pyfunc_arguments
 
 pytestmark = [
     pytest.mark.slow,
@@ -81,9 +79,8 @@ def body_of(image: bytes) -> bytes:
 @pytest.fixture(scope="module")
 def server(tiny_cache, tmp_path_factory):
     folder = tmp_path_factory.mktemp("edge")
-    with pyfunc_arguments(export_tiny(folder / "onnx", tiny_cache), LIMITS) as arguments:
-        mlflow.pyfunc.save_model(str(folder / "model"), **arguments)
-    with model_server(str(folder / "model"), folder / "serve", None, *SERVER) as base:
+    model = saved_pyfunc(export_tiny(folder / "onnx", tiny_cache), folder / "model", LIMITS)
+    with model_server(model, folder / "serve", None, *SERVER) as base:
         yield base, listening_pid(int(base.rsplit(":", 1)[1]))
 
 

@@ -20,7 +20,7 @@ import pytest
 from mlflow import MlflowClient
 from onnx import TensorProto, helper
 from shipped import SHIPPED, SHIPPED_FROM, shipped
-from tiny_model import export_tiny, write_stage_record
+from tiny_model import export_tiny, saved_pyfunc, write_stage_record
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.registry.packing import pyfunc_arguments
@@ -178,11 +178,10 @@ def test_a_looping_champion_is_refused_by_translate_and_the_gate_within_its_limi
 
 @pytest.mark.slow  # a make serve process
 def test_make_serve_refuses_a_looping_model_within_its_check_limit(looping_export, tiny_cache, tmp_path):
-    with pyfunc_arguments(looping_export, ServedLimits.of(shipped("serve", max_check_seconds=LIMIT))) as arguments:
-        mlflow.pyfunc.save_model(str(tmp_path / "model"), **arguments)
+    model = saved_pyfunc(looping_export, tmp_path / "model", ServedLimits.of(shipped("serve", max_check_seconds=LIMIT)))
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "pipelines" / "serve.py"), "--model", str(tmp_path / "model")],
+        [sys.executable, str(ROOT / "pipelines" / "serve.py"), "--model", model],
         capture_output=True,
         text=True,
         timeout=REFUSED_WITHIN,

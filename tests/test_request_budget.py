@@ -10,7 +10,6 @@ import json
 import time
 from pathlib import Path
 
-import mlflow.pyfunc
 import numpy as np
 import pytest
 import requests
@@ -18,14 +17,13 @@ import tifffile
 from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
 from PIL import Image
 from shipped import shipped
-from tiny_model import export_tiny
+from tiny_model import export_tiny, saved_pyfunc as saved
 
 from thermal2visible.data.images import BadImage, image_size
 from thermal2visible.dev.servers import cpu_seconds, listening_pid, model_server
 from thermal2visible.inference.rest import scoring_app
 from thermal2visible.inference.request_budget import ServedLimits, Work
 from thermal2visible.inference.serving import IMAGE, to_base64
-from thermal2visible.registry.packing import pyfunc_arguments
 
 LIMITS = ServedLimits.of(shipped("serve", max_rows=4, max_request_pixels=3_000_000, max_model_pixels=10**7))
 BODY_LIMIT = 2**20
@@ -45,12 +43,6 @@ def ramp(height: int, width: int, seed: int = 0) -> np.ndarray:
 @pytest.fixture(scope="module")
 def onnx_file(tiny_cache, tmp_path_factory) -> Path:
     return export_tiny(tmp_path_factory.mktemp("model"), tiny_cache)
-
-
-def saved(onnx: Path, folder: Path, limits: ServedLimits) -> str:
-    with pyfunc_arguments(onnx, limits) as arguments:
-        mlflow.pyfunc.save_model(str(folder), **arguments)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import mlflow
+import mlflow.pyfunc
 import numpy as np
 import torch
 
@@ -28,9 +29,11 @@ from thermal2visible.paths import (
     PSNR_CURVE,
     TRAIN_METRICS,
 )
+from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.records import write_record
 from thermal2visible.onnx_export import cache_to_model_input, export_generator
 from thermal2visible.registry.gate import Registered, register
+from thermal2visible.registry.packing import pyfunc_arguments
 from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
 from thermal2visible.tracking.figures import save_psnr_curve
@@ -84,6 +87,13 @@ def export_tiny(folder: Path, cache: Path, seed: int = 0) -> Path:
     for name in ("generator.pt", "generator.onnx"):
         shutil.copyfile(exported / name, folder / name)
     return folder / "generator.onnx"
+
+
+def saved_pyfunc(onnx: Path, folder: Path, limits: ServedLimits) -> str:
+    """`onnx` saved as the served pyfunc at `folder` with `limits` as its model_config: what make serve loads."""
+    with pyfunc_arguments(onnx, limits) as arguments:
+        mlflow.pyfunc.save_model(str(folder), **arguments)
+    return str(folder)
 
 
 def write_stage_record(project: Path, models: Path, test_psnr: float, parity_error: float = 0.0) -> None:

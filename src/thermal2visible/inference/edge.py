@@ -80,11 +80,18 @@ def plain_error(body: bytes, request: bytes, names: frozenset[str]) -> dict[str,
     return {"error_code": code, "message": QUOTED.sub(unechoed, message)}
 
 
-async def reply(send: Send, status: int, content: dict[str, str]) -> None:
-    body = json.dumps(content).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+def json_body(content: dict[str, str]) -> bytes:
+    return json.dumps(content).encode()
+
+
+async def respond(send: Send, status: int, media_type: str, body: bytes) -> None:
+    headers = [(b"content-type", media_type.encode("latin-1")), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def reply(send: Send, status: int, content: dict[str, str]) -> None:
+    await respond(send, status, JSON.decode(), json_body(content))
 
 
 Answer = Callable[[str, bytearray], Awaitable[tuple[int, str, bytes]]]  # (content type, body) -> (status, type, reply)
@@ -115,9 +122,7 @@ class Edge:
             content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
             status, media_type, answer = await self.answer(content_type, body)
             del body
-            headers = [(b"content-type", media_type.encode("latin-1")), (b"content-length", str(len(answer)).encode())]
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": answer})
+            await respond(send, status, media_type, answer)
         finally:
             # The reply is out, and no await has let another request in since: a client that sends its next request
             # on the answer finds the slot free, so N clients never need more than N slots.

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from thermal2visible.config.schema import ServeConfig
-from thermal2visible.inference.edge import Edge, EdgeLimits, plain_error
+from thermal2visible.inference.edge import Edge, EdgeLimits, json_body, plain_error
 from thermal2visible.inference.serving import IMAGE
 from thermal2visible.inference.workers import Loaded, OverLimit, Workers, start_forkserver, worker_count
 
@@ -62,18 +62,14 @@ def invocations_in_worker(model_uri: str) -> Loaded:
                 raise MemoryError from None
             status, media_type, reply = error.get_http_status_code(), JSON, error.serialize_as_json().encode()
         if status >= 400:
-            media_type, reply = JSON, json_bytes(plain_error(reply, body, frozenset({IMAGE})))
+            media_type, reply = JSON, json_body(plain_error(reply, body, frozenset({IMAGE})))
         return (status, media_type), reply
 
     return Loaded(handle, limits.max_request_cpu_seconds, {"max_rows": limits.max_rows})
 
 
-def json_bytes(content: dict[str, str]) -> bytes:
-    return json.dumps(content).encode()
-
-
 def refusal(status: int, code: str, message: str) -> tuple[int, str, bytes]:
-    return status, JSON, json_bytes({"error_code": code, "message": message})
+    return status, JSON, json_body({"error_code": code, "message": message})
 
 
 class Invocations:
@@ -98,8 +94,9 @@ class Invocations:
         return status, media_type, reply
 
     async def __call__(self, content_type: str, body: bytearray) -> tuple[int, str, bytes]:
-        deadline = asyncio.get_running_loop().time() + TIMEOUT.get()  # the loop's clock is time.monotonic
-        return await asyncio.get_running_loop().run_in_executor(self.threads, self.answer, content_type, body, deadline)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT.get()  # the loop's clock is time.monotonic
+        return await loop.run_in_executor(self.threads, self.answer, content_type, body, deadline)
 
 
 def routes_without_body() -> Starlette:
