@@ -54,6 +54,13 @@ def png_of_profiles(count: int) -> bytes:
     return png[:33] + profile * count + png[33:]  # 33: the signature and the IHDR chunk
 
 
+def png_of_empty_chunks(count: int) -> bytes:
+    """A small PNG carrying `count` empty chunks of a kind no reader knows: nothing inflates, Pillow's chunk loop in
+    Python walks them all (a case the limits were not built around: no compression, no metadata kept)."""
+    png = small_png()
+    return png[:33] + chunk(b"teSt", b"") * count + png[33:]
+
+
 def small_jpeg() -> bytes:
     buffer = io.BytesIO()
     Image.new("L", (16, 16), 128).save(buffer, format="JPEG")
@@ -142,8 +149,9 @@ def assert_bounded(result: dict, copies: int) -> None:
         (lambda: png_of_profiles(6000), 6),
         (lambda: jpeg_of_fill(30_000_000), 2),
         (lambda: jpeg_of_comments(8_000_000), 4),
+        (lambda: png_of_empty_chunks(2_000_000), 4),
     ],
-    ids=["png-profiles", "jpeg-fill", "jpeg-comments"],
+    ids=["png-profiles", "jpeg-fill", "jpeg-comments", "png-empty-chunks"],
 )
 def test_a_header_that_costs_what_the_file_says_stops_in_its_worker(server, image, copies):
     base, pid = server
