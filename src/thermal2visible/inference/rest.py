@@ -153,6 +153,7 @@ async def listen(app: ASGIApp, serve: ServeConfig) -> None:
         backlog=max(128, serve.max_connections),
         http1_settings=HTTP1Settings(header_read_timeout=max(1, round(serve.head_timeout_s * 1000))),
         websockets=False,
+        log_access=True,  # one line a request: what an operator (and a test of the balancer) reads
     )
     loop = asyncio.get_running_loop()
     for stop in (signal.SIGINT, signal.SIGTERM):
