@@ -11,24 +11,32 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
 
-.PHONY: setup demo exp test test-fast test-durations lint format serve image serve-replicas ui screenshots clean gpu-check
+.PHONY: setup demo exp test test-fast test-durations lint format serve image serve-replicas ui screenshots reclaim clean \
+	gpu-check
 
+# pip's own output and progress bars, each step announced: the install takes minutes
 $(VENV)/.installed: pyproject.toml torch.txt
+	@echo "setup: [1/4] creating $(VENV)"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	@echo "setup: [2/4] upgrading pip"
+	$(PY) -m pip install --progress-bar on --upgrade pip
 	# torch first, pinned in torch.txt: the CPU build on disk. A GPU user installs a CUDA build here instead
 	# (docs/training.md).
-	$(PY) -m pip install --quiet -r torch.txt
-	$(PY) -m pip install --quiet -e ".[dev]"
+	@echo "setup: [3/4] installing torch (torch.txt)"
+	$(PY) -m pip install --progress-bar on -r torch.txt
+	@echo "setup: [4/4] installing the project and its pinned libraries"
+	$(PY) -m pip install --progress-bar on -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed
 
+# A Ctrl-C stops dvc, not the recipe's shell: the closing lines still put back what a stopped stage removed
 demo: setup
-	$(VENV)/bin/dvc repro
+	@trap : INT; $(VENV)/bin/dvc repro || { status=$$?; $(PY) -m thermal2visible.demo_record; exit $$status; }
 	@echo
 	@echo "Serve the champion:  make serve        (REST on params.yaml serve.host:serve.port, docs/serving.md)"
 	@echo "Browse the runs:     make ui           (MLflow UI on http://127.0.0.1:5000, README: Where to look)"
+	@$(PY) -m thermal2visible.demo_record
 
 exp: setup  # `make exp PRESET=params/camera.yaml SET="train.max_epochs=50"`: a DVC experiment, refused up front if unrunnable
 	$(PY) -m thermal2visible.exp_run all "$(SET)" $(if $(PRESET),--preset $(PRESET))
@@ -76,6 +84,11 @@ format: setup
 
 gpu-check:  # issue 58's GPU check on a CUDA machine (`make gpu-check ARGS=--dry-run` on a CPU); docs/training.md
 	$(if $(wildcard $(PY)),$(PY),python3) -m benchmarks.gpu_check $(ARGS)
+
+# Everything the project can rebuild: checkpoints/ (every run's resume state), DVC's cache of files the workspace no
+# longer uses, the artifacts of deleted MLflow runs; each part named with its size first (docs/training.md)
+reclaim: setup
+	$(PY) -m thermal2visible.dev.reclaim
 
 clean:
 	rm -rf $(VENV) data models checkpoints mlflow.db mlflow.db.lock mlruns mlartifacts reports/ingest_errors.json

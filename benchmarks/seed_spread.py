@@ -1,7 +1,9 @@
 """Quality across seeds: the demo configuration (params.yaml) trained with several values of train.seed (each seed
 draws its own initial weights, jitter crops and dropout masks), and for each --variant the same with that variant's
-changes; per run its test PSNR, SSIM and identity rank-1 (the evaluate stage), its best and stopping epochs and its
-wall time and seconds per epoch; per setup the mean and the spread (max - min) of each.
+changes; per run the best smoothed validation PSNR its early stopping kept (what setups are compared by), its best
+and stopping epochs and its wall time and seconds per epoch; per setup the mean and the spread (max - min) of each.
+With --test, each run is also scored on the test split by the evaluate stage (PSNR, SSIM, identity rank-1): only
+for the setup already chosen, whose figure is to be reported, so that no choice is made on the test faces.
 
 All are real `pipelines/train.py` and `pipelines/evaluate.py` runs on the demo data (this project's data/ingested,
 preprocessed once by pipelines/preprocess.py), each in a scratch project (thermal2visible.studies.scratch), logged to
@@ -11,7 +13,7 @@ drift of the machine hits every setup alike. Quality does not depend on the mach
 Writes a new benchmarks/results/<date>-seed_spread.json, .md and .png (--report names them otherwise, --out puts them
 at a path of your choice).
 Usage: python -m benchmarks.seed_spread [--seeds 5] [--first-seed 0] [--params params.yaml]
-       [--variant "train.ema_half_life_images=512" ...] [--report seed_spread] [--out PATH]
+       [--variant "train.ema_half_life_images=512" ...] [--test] [--report seed_spread] [--out PATH]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from thermal2visible.studies.scratch import evaluate_child, prepare_cache, train
 from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 
 SCORES = {
+    "val_psnr": "val PSNR (dB)",
     "test_psnr": "test PSNR (dB)",
     "test_ssim": "SSIM",
     "identity": "identity rank-1",
@@ -57,15 +60,17 @@ def seconds_per_epoch(child: dict) -> float | None:
     return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
 
 
-def scored_run(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
-    """One training and its evaluation in a scratch project: what it reports."""
+def scored_run(work: Path, name: str, cache: Path, params: Path, overrides: list[str], test: bool) -> dict:
+    """One training in a scratch project (and, with `test`, its evaluation on the test split): what it reports."""
     child = train_child(work, name, cache, params, overrides)
+    run = child | {"val_psnr": child["best_psnr_smoothed"], "epoch_s": seconds_per_epoch(child)}
+    if not test:
+        return run
     scores = evaluate_child(work, name, params, overrides)
-    return child | {
+    return run | {
         "test_psnr": scores["generator"]["psnr"],
         "test_ssim": scores["generator"]["ssim"],
         "identity": scores["identity"].get("generator"),
-        "epoch_s": seconds_per_epoch(child),
     }
 
 
@@ -104,14 +109,14 @@ def table(runs: dict[str, list[dict]], summary: dict[str, dict]) -> str:
 
 
 def plot(runs: dict[str, list[dict]], summary: dict[str, dict], path: Path) -> None:
-    """Test PSNR of every seed (dots) and the setup's mean (bar), per setup."""
+    """Validation PSNR of every seed (dots) and the setup's mean (bar), per setup."""
     figure, axis = plt.subplots(figsize=(max(5.0, 2.2 + 1.6 * len(runs)), 4))  # the title fits one setup
     for x, (setup, setup_runs) in enumerate(runs.items()):
-        axis.bar(x, summary[setup]["test_psnr"]["mean"], color="#4c72b0", alpha=0.35, width=0.6)
-        axis.scatter([x] * len(setup_runs), [run["test_psnr"] for run in setup_runs], color="#4c72b0", zorder=3)
-    low = min(run["test_psnr"] for setup_runs in runs.values() for run in setup_runs)
+        axis.bar(x, summary[setup]["val_psnr"]["mean"], color="#4c72b0", alpha=0.35, width=0.6)
+        axis.scatter([x] * len(setup_runs), [run["val_psnr"] for run in setup_runs], color="#4c72b0", zorder=3)
+    low = min(run["val_psnr"] for setup_runs in runs.values() for run in setup_runs)
     axis.set_xticks(range(len(runs)), list(runs), rotation=15, ha="right", fontsize=8)
-    axis.set(ylim=(low - 1, None), ylabel="test PSNR (dB)", title="Test PSNR per seed (dots) and mean (bar)")
+    axis.set(ylim=(low - 1, None), ylabel="validation PSNR (dB)", title="Validation PSNR per seed (dots), mean (bar)")
     figure.suptitle(machine_text(), fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -142,6 +147,7 @@ def main() -> None:
         metavar='"SECTION.KEY=VALUE ..."',
         help="adds a setup (repeatable): the --params file with these space-separated changes",
     )
+    parser.add_argument("--test", action="store_true", help="also score every run on the test split (the final figure)")
     add_report_option(parser, "seed_spread", "{json,md,png}")
     args = parser.parse_args()
     base = args.params.name  # the setup is named after its params file: params.yaml unless --params gives another
@@ -159,13 +165,14 @@ def main() -> None:
         for seed in seeds:
             for setup in rotated(list(setups), seed):
                 name = f"{setup} seed {seed}"
-                run = scored_run(Path(work), name, cache, args.params, [*setups[setup], f"train.seed={seed}"])
+                overrides = [*setups[setup], f"train.seed={seed}"]
+                run = scored_run(Path(work), name, cache, args.params, overrides, args.test)
                 mlflow.MlflowClient().set_tag(run["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
                 runs[setup].append(run | {"seed": seed})
+                tested = f", test {run['test_psnr']:.2f} dB, identity {run['identity']}" if args.test else ""
                 print(
-                    f"  {name}: test {run['test_psnr']:.2f} dB, SSIM {run['test_ssim']:.3f}, identity "
-                    f"{run['identity']}, best epoch {run['best_epoch']}, stopped {run['stopped_epoch']}, "
-                    f"{run['wall_s']} s",
+                    f"  {name}: validation {run['val_psnr']:.2f} dB{tested}, best epoch {run['best_epoch']}, "
+                    f"stopped {run['stopped_epoch']}, {run['wall_s']} s",
                     flush=True,
                 )
                 # A run takes minutes: the report holds every finished one, so a stopped benchmark keeps them.

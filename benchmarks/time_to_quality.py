@@ -2,12 +2,14 @@
 reaches the best the pix2pix default setup (batch 1, fp32, NCHW, plain Adam, memory-mapped input:
 params/pix2pix_default.yaml) reaches, for that setup and for this project's default (params.yaml: batch 8, precision
 auto, fused Adam, preloaded cache) and, for each --variant, the project default with that variant's changes; and the
-test PSNR each ends with. With --budgets, the quality at equal wall time as well: in each round the pix2pix default
-trains again for each budget, a multiple of the project default's wall time in that round (train.max_minutes, no
-early stop and no epoch cap: time alone ends it), and its test PSNR stands beside the project default's.
+best smoothed validation PSNR each keeps. With --budgets, the quality at equal wall time as well: in each round the
+pix2pix default trains again for each budget, a multiple of the project default's wall time in that round
+(train.max_minutes, no early stop and no epoch cap: time alone ends it), and its validation PSNR stands beside the
+project default's. Setups are compared on validation only; --test also scores every run on the test split
+(`pipelines/evaluate.py`), for a final figure of setups already chosen.
 
 All are real `pipelines/train.py` runs on the demo data (this project's data/ingested, preprocessed by
-pipelines/preprocess.py), each in a scratch project, then `pipelines/evaluate.py` on its test split. All stop by the
+pipelines/preprocess.py), each in a scratch project. All stop by the
 same PSNR rule, params.yaml's early_stop (scaled down from the paper's 50/50) unless --window/--patience set
 another, and params.yaml's cap on epochs unless --max-epochs sets another: both stated in the report.
 --baseline-max-epochs caps the pix2pix default's own run (the one its best, the target, comes from) lower, where only
@@ -20,7 +22,7 @@ Writes a new benchmarks/results/<date>-time_to_quality.json and .png (--report n
 them at a path of your choice).
 Usage: python -m benchmarks.time_to_quality [--rounds 2] [--window W] [--patience P] [--max-epochs E]
        [--baseline-max-epochs E] [--variant "train.batch_size=4 train.lr_scaling=sqrt" ...] [--budgets 1 3]
-       [--report time_to_quality] [--out PATH]
+       [--test] [--report time_to_quality] [--out PATH]
 """
 
 from __future__ import annotations
@@ -58,9 +60,12 @@ PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yam
 VARIANT_COLOURS = ["#dd8452", "#4c72b0", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
 
 
-def trained_and_tested(work: Path, name: str, cache: Path, params: Path, overrides: list[str]) -> dict:
+def trained(work: Path, name: str, cache: Path, params: Path, overrides: list[str], test: bool) -> dict:
+    """A training in a scratch project, its kept validation PSNR as `val_psnr` (and with `test`, `test_psnr`)."""
     child = train_child(work, name, cache, params, overrides)
-    child["test_psnr"] = evaluate_child(work, name, params, overrides)["generator"]["psnr"]
+    child["val_psnr"] = child["best_psnr_smoothed"]
+    if test:
+        child["test_psnr"] = evaluate_child(work, name, params, overrides)["generator"]["psnr"]
     return child
 
 
@@ -92,16 +97,16 @@ def budget_overrides(project_wall_s: float, factor: float) -> list[str]:
 
 
 def at_equal_budgets(runs: list[dict]) -> dict[str, dict]:
-    """Per budget, the pix2pix default's test PSNR against the project default's (same round), each round's
+    """Per budget, the pix2pix default's validation PSNR against the project default's (same round), each round's
     difference, and their median and range."""
     summary: dict[str, dict] = {}
     for factor in dict.fromkeys(run["budget_factor"] for run in runs):
         rounds = [run for run in runs if run["budget_factor"] == factor]
-        gains = sorted(run["project_test_psnr"] - run["pix2pix_test_psnr"] for run in rounds)
+        gains = sorted(run["project_val_psnr"] - run["pix2pix_val_psnr"] for run in rounds)
         summary[f"{factor:g}x"] = {
             "rounds": len(rounds),
-            "pix2pix_test_psnr": [run["pix2pix_test_psnr"] for run in rounds],
-            "project_test_psnr": [run["project_test_psnr"] for run in rounds],
+            "pix2pix_val_psnr": [run["pix2pix_val_psnr"] for run in rounds],
+            "project_val_psnr": [run["project_val_psnr"] for run in rounds],
             "project_gain_db_median": statistics.median(gains),
             "project_gain_db_min": gains[0],
             "project_gain_db_max": gains[-1],
@@ -110,7 +115,7 @@ def at_equal_budgets(runs: list[dict]) -> dict[str, dict]:
 
 
 def plot(children: dict, summary: dict, path: Path, machine_line: str) -> None:
-    """Colour: the setup; line style: the seed (test PSNRs are in the printed table and the JSON)."""
+    """Colour: the setup; line style: the seed (kept PSNRs are in the printed table and the JSON)."""
     names = list(dict.fromkeys(name for name, _ in children))
     seeds = sorted({seed for _, seed in children})
     variants = [name for name in names if name not in (PAPER, PROJECT)]
@@ -170,6 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="adds a setup (repeatable): the project default with these space-separated changes (its own levers: "
         "train.batch_size, train.lr_scaling, ...)",
     )
+    parser.add_argument("--test", action="store_true", help="also score every run on the test split (the final figure)")
     add_report_option(parser, "time_to_quality", "{json,png}")
     args = parser.parse_args(argv)
     params = load_params(args.params)
@@ -221,15 +227,15 @@ def main() -> None:
         def run(name: str):
             def train() -> float:
                 seed = sum(1 for key in children if key[0] == name)
-                child = trained_and_tested(
-                    Path(work), f"{name} seed {seed}", cache, args.params, [*setups[name], f"train.seed={seed}"]
-                )
+                overrides = [*setups[name], f"train.seed={seed}"]
+                child = trained(Path(work), f"{name} seed {seed}", cache, args.params, overrides, args.test)
                 children[name, seed] = child
                 mlflow.MlflowClient().set_tag(child["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
                 print(
                     f"    {name}, seed {seed}: best smoothed {child['best_psnr_smoothed']:.2f} dB at epoch "
                     f"{child['best_epoch']} ({child['time_to_best_s']} s), stopped at epoch "
-                    f"{child['stopped_epoch']}, test {child['test_psnr']:.2f} dB, {child['wall_s']} s",
+                    f"{child['stopped_epoch']}, {child['wall_s']} s"
+                    + (f", test {child['test_psnr']:.2f} dB" if args.test else ""),
                     flush=True,
                 )
                 return child["wall_s"]
@@ -240,12 +246,13 @@ def main() -> None:
         budget_runs = []
         for (name, seed), project in list(children.items()):
             for factor in args.budgets if name == PROJECT else []:
-                budgeted = trained_and_tested(
+                budgeted = trained(
                     Path(work),
                     f"{PAPER} for {factor:g}x seed {seed}",
                     cache,
                     args.params,
                     [*setups[PAPER], f"train.seed={seed}", *budget_overrides(project["wall_s"], factor)],
+                    args.test,
                 )
                 mlflow.MlflowClient().set_tag(budgeted["mlflow_run_id"], "mlflow.parentRunId", parent.info.run_id)
                 budget_runs.append(
@@ -253,16 +260,16 @@ def main() -> None:
                         "seed": seed,
                         "budget_factor": factor,
                         "budget_s": round(factor * project["wall_s"], 1),
-                        "pix2pix_test_psnr": budgeted["test_psnr"],
+                        "pix2pix_val_psnr": budgeted["val_psnr"],
                         "pix2pix_wall_s": budgeted["wall_s"],
                         "pix2pix_stopped_epoch": budgeted["stopped_epoch"],
-                        "project_test_psnr": project["test_psnr"],
+                        "project_val_psnr": project["val_psnr"],
                     }
                 )
                 print(
-                    f"    {PAPER} for {factor:g}x the project default's {project['wall_s']} s, seed {seed}: test "
-                    f"{budgeted['test_psnr']:.2f} dB after {budgeted['stopped_epoch']} epochs; the project default: "
-                    f"{project['test_psnr']:.2f} dB",
+                    f"    {PAPER} for {factor:g}x the project default's {project['wall_s']} s, seed {seed}: "
+                    f"validation {budgeted['val_psnr']:.2f} dB after {budgeted['stopped_epoch']} epochs; the project "
+                    f"default: {project['val_psnr']:.2f} dB",
                     flush=True,
                 )
     # The figure compared is the time to the pix2pix default's best in the same round, not the wall time.
@@ -285,7 +292,7 @@ def main() -> None:
             c["seconds_to_target"],
             c["wall_s"],
             c["images_per_s"],
-            round(c["test_psnr"], 2),
+            round(c["test_psnr"], 2) if "test_psnr" in c else "-",
         ]
         for (name, seed), c in sorted(children.items(), key=lambda item: item[0][1])
     ]
@@ -313,7 +320,7 @@ def main() -> None:
     equal_budgets = at_equal_budgets(budget_runs)
     for budget, figures in equal_budgets.items():
         print(
-            f"at {budget} the project default's wall time: the project default's test PSNR is "
+            f"at {budget} the project default's wall time: the project default's validation PSNR is "
             f"{figures['project_gain_db_median']:+.2f} dB [{figures['project_gain_db_min']:+.2f} to "
             f"{figures['project_gain_db_max']:+.2f}] from the pix2pix default's ({figures['rounds']} rounds)"
         )

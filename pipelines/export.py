@@ -22,6 +22,7 @@ from thermal2visible.onnx_export import (
     cache_to_model_input,
     check_parity,
     export_generator,
+    latency_line,
     median_latency_ms,
     quantize_int8,
     run_torch,
@@ -88,8 +89,10 @@ def main(params: Params) -> None:
         GENERATOR_DIGEST: file_digest(GENERATOR),  # what register checks the export against
     }
     latencies = {
-        "onnxruntime": median_latency_ms(lambda x: run_onnx(session, x), one),
-        "torch": median_latency_ms(lambda x: run_torch(generator, x), one),
+        f"onnxruntime on {ONNX} (what serving runs)": median_latency_ms(lambda x: run_onnx(session, x), one),
+        f"torch on {GENERATOR} (eager PyTorch, the parity check's reference)": median_latency_ms(
+            lambda x: run_torch(generator, x), one
+        ),
     }
     if params.export.int8:
         quantize_int8(ONNX, ONNX_INT8, load_split("train", image_size)[:CALIBRATION_IMAGES])
@@ -100,10 +103,10 @@ def main(params: Params) -> None:
                 psnr(*(from_model(torch.from_numpy(run_onnx(model, test))) for model in (session, int8))).mean()
             ),
         }
-        latencies["onnxruntime int8"] = median_latency_ms(lambda x: run_onnx(int8, x), one)
+        latencies[f"onnxruntime on {ONNX_INT8}"] = median_latency_ms(lambda x: run_onnx(int8, x), one)
     write_record(metrics, EXPORT_METRICS, EXPORT_REPORT)
     print(json.dumps(metrics, indent=2))
-    print("latency of one image: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in latencies.items()))
+    print(latency_line(latencies, image_size))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,12 @@ the run that trained models/generator.pt, the evaluation run of metrics/eval.jso
 `champion` when the export's parity check passed and, scored on this cache's test frames at full size by the same
 code (inference.frames.translate_frame), it is at least as good as the current champion scored on the same frames
 (when the champion was trained on other data: on those of the frames it never trained on); otherwise `challenger`.
-Both scores and what they were taken on go on the version as tags. The cache manifest is packed with the version:
-the record of what it trained on. What the store holds now is written to reports/registered.json.
+A model whose test PSNR is below the evaluate stage's mean-image baseline is never promoted, and an experiment of
+DVC's queue (a sweep) that wins becomes `candidate` (`register.promote`, registry.gate.promotes), so the champion
+stays the model the user meant. Both scores and what they were taken on go on the version as tags; its description
+says what it is (data, settings, scores, lineage: registry.descriptions) and why it holds its alias. The cache
+manifest is packed with the version: the record of what it trained on. What the store holds now is written to
+reports/registered.json.
 Tracking server: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in this folder.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -31,12 +36,14 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import Params
 from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import translate_frame
+from thermal2visible.registry.descriptions import model_description, version_description, version_facts
 from thermal2visible.registry.version_files import load_registered
 from thermal2visible.frame_scores import full_frame_psnr
 from thermal2visible.registry.gate import (
     ONNX_DIGEST,
     Registered,
     current_alias,
+    promotes,
     register,
     registered_model_name,
     registered_version,
@@ -52,12 +59,14 @@ from thermal2visible.tracking.store import store_lock, tracking_uri
 from thermal2visible.paths import (
     CACHE,
     EVAL_METRICS,
+    EVAL_REPORT,
     EXPORT_METRICS,
     EXPORT_REPORT,
     GENERATOR,
     MANIFEST,
     ONNX,
     REGISTERED,
+    TRAIN_METRICS,
 )
 
 
@@ -142,7 +151,8 @@ def main(params: Params) -> None:
     generator = file_digest(GENERATOR)
     if exported.get(GENERATOR_DIGEST) != generator:
         raise PipelineError(f"{ONNX}: exported from another generator than {GENERATOR} (run the export stage)")
-    test_psnr = read_record(EVAL_METRICS).get("generator", {}).get("psnr")
+    evaluated = read_record(EVAL_METRICS, EVAL_REPORT)
+    test_psnr = evaluated.get("generator", {}).get("psnr")
     if type(test_psnr) not in (int, float):
         raise PipelineError(f"{EVAL_METRICS}: no number at generator.psnr (the evaluate stage writes it)")
     name = registered_model_name(params)
@@ -154,7 +164,7 @@ def main(params: Params) -> None:
     with store_lock(tracking_uri()):  # another experiment's register stage waits: one gate at a time
         existing = registered_version(client, name, onnx_digest)
         if existing is None:
-            result = register_new(params, name, exported, test_psnr, training_run, evaluation_run, onnx_digest)
+            result = register_new(params, name, exported, evaluated, training_run, evaluation_run, onnx_digest)
             version, alias, gate = result.version, result.alias, result.gate
         else:
             gate = {key.removeprefix("gate_"): value for key, value in existing.tags.items() if key.startswith("gate_")}
@@ -170,13 +180,29 @@ def register_new(
     params: Params,
     name: str,
     exported: dict,
-    test_psnr: float,
+    evaluated: dict,
     training_run: str,
     evaluation_run: str,
     onnx_digest: str,
 ) -> Registered:
     settings = exported_settings(onnx_session(ONNX), str(ONNX))
     git = git_tags()
+    test_psnr = evaluated["generator"]["psnr"]
+    baseline = evaluated.get("baseline_mean_image", {}).get("psnr")
+    facts = version_facts(params, load_manifest(CACHE)["sources"], read_record(TRAIN_METRICS), evaluated)
+    lineage = {
+        "training_run_id": training_run,
+        "evaluation_run_id": evaluation_run,
+        "fingerprint": settings.fingerprint,
+        "data_hash": settings.data_hash,
+        ONNX_DIGEST: onnx_digest,
+        GENERATOR_DIGEST: exported[GENERATOR_DIGEST],
+        "git_commit": git.get("mlflow.source.git.commit"),
+        "git_dirty": git.get("git_dirty"),
+        "dvc_experiment": os.environ.get("DVC_EXP_NAME"),
+        "data": facts["data"],
+        "settings": facts["settings"],
+    }
     with logging_into(start_run(params, "register", sections=()).run_id):
         result = register(
             ONNX,
@@ -184,16 +210,7 @@ def register_new(
             test_psnr=test_psnr,
             parity_passed=exported.get("parity_max_abs_error", float("nan")) <= params.export.atol,
             metrics={key: float(value) for key, value in exported.items() if type(value) in (int, float)},
-            lineage={
-                "training_run_id": training_run,
-                "evaluation_run_id": evaluation_run,
-                "fingerprint": settings.fingerprint,
-                "data_hash": settings.data_hash,
-                ONNX_DIGEST: onnx_digest,
-                GENERATOR_DIGEST: exported[GENERATOR_DIGEST],
-                "git_commit": git.get("mlflow.source.git.commit"),
-                "git_dirty": git.get("git_dirty"),
-            },
+            lineage=lineage,
             limits=ServedLimits.of(params.serve),
             training_manifest=trained_manifest(CACHE, settings.data_hash),
             frames=CachedTestFrames(
@@ -204,15 +221,15 @@ def register_new(
                 params.serve.max_run_seconds,
                 params.serve.max_check_seconds,
             ),
+            baseline_psnr=baseline if type(baseline) in (int, float) else None,
+            baseline_margin=params.register.baseline_margin,
+            promote=promotes(params),
+            description=version_description(facts, lineage),
+            model_description=model_description(params),
         )
-    gate = result.gate
-    compared = (
-        f"full-frame test PSNR {gate['new_psnr']:.2f} dB against champion version {gate['champion_version']}"
-        f"'s {gate['champion_psnr']:.2f} dB on {gate['frames']} frames: {gate['basis']}"
-        if "new_psnr" in gate
-        else gate["basis"]
-    )
-    print(f"registered {result.name} version {result.version} as @{result.alias} ({compared})")
+    print(f"registered {result.name} version {result.version} as @{result.alias} ({result.compared})")
+    for why in result.held_back:
+        print(f"register: version {result.version} is not @champion: {why}")
     return result
 
 

@@ -38,7 +38,7 @@ from thermal2visible.tracking.grid_logger import ImageGridLogger
 from thermal2visible.tracking.publish import TRAINING_SECTIONS
 from thermal2visible.tracking.runs import close_abandoned_runs, continued_run, log_artifact, start_run
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, data_hash, file_digest
-from thermal2visible.training.early_stopping import PsnrEarlyStopping
+from thermal2visible.training.early_stopping import PsnrEarlyStopping, StopRule
 from thermal2visible.training.job import decide_resume
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
@@ -49,6 +49,7 @@ from thermal2visible.training.resume import (
     checkpointing,
     last_checkpoint,
     one_training_at_a_time,
+    prune_parked,
     run_fingerprint,
 )
 from thermal2visible.training.trainer import (
@@ -173,12 +174,19 @@ def train(
 def start_training_run(params: Params, device: RunDevice, fingerprint: str) -> Run:
     """Whether this run continues a checkpoint (rank 0 decides), and the MLflow run it logs to: the continued run's,
     or a new one."""
+    t, stop = params.train, params.early_stop
     resume_from, run_id = decide_resume(
-        CHECKPOINTS, fingerprint, params.train.resume, process_group_backend(device.accelerator), stale=[BEST_GENERATOR]
+        CHECKPOINTS,
+        fingerprint,
+        t.resume,
+        process_group_backend(device.accelerator),
+        stale=[BEST_GENERATOR],
+        rule=StopRule(stop.window, stop.patience, stop.min_delta, t.min_epochs, t.max_epochs),
     )
     if rank_zero_only.rank == 0:
         run_id = continued_run(run_id, fingerprint, resume_from) if resume_from else None
         close_abandoned_runs(keep=run_id)
+        prune_parked(CHECKPOINTS, fingerprint, t.keep_parked_runs)
     logger = start_run(
         params,
         "train",
@@ -217,6 +225,7 @@ def fit(
     stop = PsnrEarlyStopping(
         params.early_stop.window,
         params.early_stop.patience,
+        min_delta=params.early_stop.min_delta,
         best_path=BEST_GENERATOR,
         metadata={"preprocess": manifest["preprocess"], "fingerprint": run.fingerprint, "data_hash": cache_hash},
     )

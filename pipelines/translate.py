@@ -165,6 +165,8 @@ def main() -> None:
                 setattr(args, limit, getattr(params.serve, limit))
         args.experiment = args.experiment or params.mlflow.experiment
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # MLflow draws a progress bar for every artifact it downloads, a block of lines for the model read here
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     video = args.input.suffix.lower() in VIDEO_SUFFIXES
     try:
         refuse_overlap(args.input, args.output)  # before anything is loaded or written

@@ -14,7 +14,8 @@ from skimage.transform import AffineTransform
 
 from thermal2visible.config.load import load_params
 from thermal2visible.data.align import IDENTITY, Rig, register
-from thermal2visible.data.cache import build_cache, load_split
+from thermal2visible.data.cache import build_cache
+from thermal2visible.data.cache_files import load_split
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.errors import PipelineError

@@ -218,7 +218,7 @@ def test_time_to_quality_stops_by_the_params_rule_unless_told_otherwise(tmp_path
     from benchmarks.time_to_quality import parse_args
 
     values = yaml.safe_load(PARAMS.read_text())
-    values["early_stop"] = {
+    values["early_stop"] |= {
         "window": values["early_stop"]["window"] + 2,
         "patience": values["early_stop"]["patience"] + 3,
     }
@@ -314,7 +314,7 @@ def test_equal_budgets_give_each_rounds_gain_and_their_median_and_range():
     from benchmarks.time_to_quality import at_equal_budgets
 
     runs = [
-        {"budget_factor": factor, "seed": seed, "pix2pix_test_psnr": pix2pix, "project_test_psnr": project}
+        {"budget_factor": factor, "seed": seed, "pix2pix_val_psnr": pix2pix, "project_val_psnr": project}
         for factor, seed, pix2pix, project in [
             (1, 0, 20.0, 22.0),
             (1, 1, 21.0, 22.5),
@@ -328,7 +328,7 @@ def test_equal_budgets_give_each_rounds_gain_and_their_median_and_range():
     assert summary["1x"]["project_gain_db_median"] == pytest.approx(2.0)  # gains 2.0, 1.5, 3.0
     assert (summary["1x"]["project_gain_db_min"], summary["1x"]["project_gain_db_max"]) == (1.5, 3.0)
     assert summary["3x"]["project_gain_db_median"] == pytest.approx(-0.25)  # gains -1.0, +0.5
-    assert summary["3x"]["rounds"] == 2 and summary["3x"]["pix2pix_test_psnr"] == [23.0, 22.0]
+    assert summary["3x"]["rounds"] == 2 and summary["3x"]["pix2pix_val_psnr"] == [23.0, 22.0]
 
 
 def test_the_baseline_reaches_its_own_best_even_where_rounding_would_lift_it():
@@ -355,3 +355,30 @@ def test_seconds_per_epoch_leave_out_the_start_up():
 
     assert seconds_per_epoch({"psnr_seconds": [12.0, 14.0, 16.5, 18.0]}) == pytest.approx(2.0)
     assert seconds_per_epoch({"psnr_seconds": [12.0]}) is None
+
+
+def test_the_stop_rule_is_chosen_on_validation_curves_alone():
+    """benchmarks.stop_rule: the fewest epochs among the rules that stop every run before the cap within the budget;
+    the runs' test scores, which it must never read, change nothing."""
+    from benchmarks.stop_rule import choose
+
+    def curve(rise: float, seed: int) -> list[float]:  # a fast rise, then a slow creep with epoch-to-epoch noise
+        noise = torch.Generator().manual_seed(seed)
+        return [
+            12 + 10 * (1 - 0.9**epoch) + rise * epoch + 0.3 * float(torch.randn(1, generator=noise))
+            for epoch in range(120)
+        ]
+
+    runs = [
+        {"psnr": curve(rise, seed), "psnr_seconds": [5.0 * epoch for epoch in range(1, 121)], "test_psnr": 20.0 + seed}
+        for seed, rise in enumerate((0.001, 0.004, 0.002))
+    ]
+    cap, grid, chosen = choose(runs, window=5, budget=0.1)
+    assert cap == 120 and chosen is not None
+    assert all(stop < cap for stop in chosen["stops"]) and chosen["mean_val_loss_db"] <= 0.1
+    assert chosen["mean_time_share"] == pytest.approx(chosen["mean_epochs"] / cap)
+    eligible = [row for row in grid if row["before_cap"] == len(runs) and row["mean_val_loss_db"] <= 0.1]
+    assert chosen["mean_epochs"] == min(row["mean_epochs"] for row in eligible)
+    assert any(row["mean_epochs"] < chosen["mean_epochs"] for row in grid)  # shorter rules exist, over budget
+    flipped = [run | {"test_psnr": 40.0 - run["test_psnr"]} for run in runs]
+    assert choose(flipped, window=5, budget=0.1) == (cap, grid, chosen)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from thermal2visible.data.cache import JITTER, load_manifest, load_split
+from thermal2visible.data.cache_files import JITTER, load_manifest, load_split
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.data.pairs import CachedPairs, StoredRows, jittered, model_batch
 from thermal2visible.errors import PipelineError

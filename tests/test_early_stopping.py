@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from thermal2visible.training.early_stopping import PsnrEarlyStopping
+from thermal2visible.training.early_stopping import PsnrEarlyStopping, StopRule, checkpoint_history
 
 RISE_THEN_FALL = [10, 12, 11, 14, 13, 15, 16, 14, 13, 12, 12, 11, 10, 10, 9]
 
@@ -84,3 +84,41 @@ def test_resume_mid_window_decides_exactly_like_an_uninterrupted_run(interrupt_a
 def test_window_and_patience_must_be_positive():
     with pytest.raises(ValueError):
         PsnrEarlyStopping(window=0, patience=3)
+
+
+def test_a_checkpoint_continues_under_stop_settings_that_would_have_trained_all_its_epochs():
+    """The stop rule replayed on a checkpoint's history: a run of window 1 and patience 3 trained RISE_THEN_FALL up
+    to the stop at epoch 10 (best at 7). Settings that reach epoch 10 continue it, and end where an uninterrupted
+    run of theirs ends; settings that end a run earlier cannot."""
+    trained = RISE_THEN_FALL[:10]
+    assert StopRule(1, 3, 0.0, 1, 200).first_stop(trained) == 10
+    for reaching in (
+        StopRule(1, 3, 0.0, 1, 10),
+        StopRule(1, 5, 0.0, 1, 200),
+        StopRule(1, 3, 0.0, 1, 12),
+        StopRule(1, 1, 0.0, 10, 200),
+    ):
+        assert reaching.overrun(trained) is None, reaching
+    # patience 2 stops at 9, a cap of 8 at 8, and patience 1 at epoch 3, long before the best at 7
+    for short in (StopRule(1, 2, 0.0, 1, 200), StopRule(1, 3, 0.0, 1, 8), StopRule(1, 1, 0.0, 1, 200)):
+        assert short.overrun(trained) is not None, short
+    # a raised patience or cap keeps training a run that had stopped: nothing in its history says stop yet
+    assert StopRule(1, 5, 0.0, 1, 200).first_stop(trained) is None
+
+
+def test_a_checkpoint_history_is_checked_as_data():
+    state = {"callbacks": {"PsnrEarlyStopping": {"history": [12.5, 13]}}}
+    assert checkpoint_history(state) == [12.5, 13.0]
+    for planted in ({"callbacks": {"PsnrEarlyStopping": {"history": "12"}}}, {"callbacks": {}}, {}):
+        with pytest.raises(ValueError):
+            checkpoint_history(planted)
+
+
+def test_a_gain_that_has_flattened_below_min_delta_stops_and_the_best_epoch_is_kept():
+    creeping = [10.0, 11.0, 11.01, 11.02, 11.03, 11.04, 11.05]
+    assert not any(stop for _, stop in run(PsnrEarlyStopping(window=1, patience=3), creeping))  # the paper's rule
+    stopper = PsnrEarlyStopping(window=1, patience=3, min_delta=0.1)
+    decisions = run(stopper, creeping)
+    # epoch 2 gained a whole dB; 3, 4 and 5 gained 0.03 dB over it together: stop at 5, keeping 5 (the best)
+    assert len(decisions) == 5 and decisions[-1] == (True, True) and stopper.best_epoch == 5
+    assert StopRule(1, 3, 0.1, 1, 200).first_stop(creeping) == 5

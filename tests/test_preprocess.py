@@ -9,7 +9,8 @@ import tifffile
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.stored import stored_section
-from thermal2visible.data.cache import RowFile, build_cache, load_manifest, load_split
+from thermal2visible.data.cache import RowFile, build_cache
+from thermal2visible.data.cache_files import load_manifest, load_split
 from thermal2visible.data.images import read_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.preprocess import (

@@ -18,7 +18,7 @@ import pytest
 from corpus import png, rgb, temperatures, thermal16, tiff
 from mlflow import MlflowClient
 from shipped import SHIPPED, SHIPPED_FROM, shipped
-from thermal2visible.paths import MANIFEST
+from thermal2visible.paths import EVAL_METRICS, MANIFEST
 from tiny_model import export_tiny, write_stage_record
 
 from thermal2visible.config.load import load_params
@@ -26,7 +26,8 @@ from thermal2visible.data.cache import build_cache
 from thermal2visible.data.images import decode_image
 from thermal2visible.data.ingest import ingest
 from thermal2visible.errors import PipelineError
-from thermal2visible.registry.gate import CHALLENGER, CHAMPION, gate, register
+from thermal2visible.registry.descriptions import served_from
+from thermal2visible.registry.gate import CANDIDATE, CHALLENGER, CHAMPION, gate, register
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import IMAGE
 from thermal2visible.registry.packing import pyfunc_arguments
@@ -60,8 +61,18 @@ def test_gate(psnr, parity, champion, expected):
     assert gate(psnr, parity, champion) == expected
 
 
-def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, frames=None, data_hash="md5-of-tiny-cache"):
-    """A new version of `name`, made by a (real, empty) training run of its own."""
+def test_gate_promotes_neither_a_model_below_the_baseline_nor_a_sweeps():
+    assert gate(30.0, True, 20.0, above_baseline=False) == CHALLENGER
+    assert gate(30.0, True, None, above_baseline=False) == CHALLENGER  # not even the first version
+    assert gate(30.0, True, 20.0, promote=False) == CANDIDATE
+    assert gate(10.0, True, 20.0, promote=False) == CHALLENGER
+
+
+def add(
+    onnx_model: Path, name: str, psnr: float, parity: bool = True, frames=None, data_hash="md5-of-tiny-cache", **more
+):
+    """A new version of `name`, made by a (real, empty) training run of its own; `more`: register's other
+    arguments."""
     mlflow.set_experiment("registry-tests")
     with mlflow.start_run(run_name="train") as training:
         pass
@@ -76,6 +87,7 @@ def add(onnx_model: Path, name: str, psnr: float, parity: bool = True, frames=No
             training_manifest=None,
             frames=frames,
             lineage={"training_run_id": training.info.run_id, "data_hash": data_hash, "git_commit": None},
+            **more,
         )
 
 
@@ -145,6 +157,34 @@ def test_on_other_data_the_gate_leaves_out_the_frames_the_champion_trained_on(cl
     assert unknown.alias == CHALLENGER and "does not record which frames" in unknown.gate["basis"]
 
 
+@pytest.mark.slow  # a real MLflow server
+def test_a_model_below_the_mean_image_baseline_is_never_champion(client, onnx_model):
+    """A model that ignores its input does better: it is registered, inspectable, but never served by default."""
+    first = add(onnx_model, "below", 14.93, baseline_psnr=17.46)
+    assert (first.version, first.alias, first.gate["baseline_psnr"]) == (1, CHALLENGER, 17.46)
+    assert "below the mean-image baseline's 17.46 dB" in " ".join(first.held_back)
+    assert CHAMPION not in aliases(client, "below")
+    assert client.get_model_version("below", "1").tags["gate_baseline_psnr"] == "17.46"
+    above = add(onnx_model, "below", 18.0, baseline_psnr=17.46)
+    assert above.alias == CHAMPION and above.held_back == ()
+    # version 3 beats the champion on the same frames, but not the mean image
+    worse_than_mean = add(onnx_model, "below", 17.0, baseline_psnr=17.46, frames=Frames({"2": 18.0, "3": 30.0}, {}))
+    assert worse_than_mean.alias == CHALLENGER and aliases(client, "below")[CHAMPION] == 2
+
+
+@pytest.mark.slow  # a real MLflow server
+def test_a_sweep_that_wins_the_gate_is_a_candidate_and_leaves_the_champion(client, onnx_model):
+    frames = Frames({"1": 18.0, "2": 25.0, "3": 10.0, "4": 26.0}, {})
+    add(onnx_model, "swept", 20.0)
+    better = add(onnx_model, "swept", 20.0, frames=frames, promote=False)
+    assert better.alias == CANDIDATE and "register.promote is off" in better.held_back[0]
+    worse = add(onnx_model, "swept", 20.0, frames=frames, promote=False)
+    assert worse.alias == CHALLENGER and worse.held_back == ()
+    assert aliases(client, "swept") == {CHAMPION: 1, CANDIDATE: 2, CHALLENGER: 3}
+    asked = add(onnx_model, "swept", 20.0, frames=frames)  # the user's own run, or a sweep told to promote
+    assert asked.alias == CHAMPION and aliases(client, "swept")[CHAMPION] == 4
+
+
 def promote(client: MlflowClient, name: str, version: int) -> None:
     client.set_registered_model_alias(name, CHAMPION, str(version))
 
@@ -194,14 +234,29 @@ def test_version_carries_lineage_signature_and_metrics(client, onnx_model):
     assert "the input's width x height, in register" in info.metadata["output"]  # what the strings hold, for a reader
 
 
-def run_register_stage(project: Path, tracking_uri: str, models: Path, psnr: float) -> subprocess.CompletedProcess:
+def run_register_stage(
+    project: Path,
+    tracking_uri: str,
+    models: Path,
+    psnr: float,
+    name: str = "staged",
+    baseline: float | None = None,
+    env: dict[str, str] | None = None,
+    settings: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
+    """The register stage on `models` scored `psnr` (and the mean-image baseline `baseline`) by evaluate; `env`: what
+    DVC exports to a stage; `settings`: more --set overrides."""
     write_stage_record(project, models, psnr, parity_error=2e-7)
+    if baseline is not None:
+        scores = json.loads((project / EVAL_METRICS).read_text())
+        (project / EVAL_METRICS).write_text(json.dumps(scores | {"baseline_mean_image": {"psnr": baseline}}))
     result = subprocess.run(
-        [sys.executable, str(REGISTER), "--params", str(SHIPPED_FROM), "--set", "register.model_name=staged"],
+        [sys.executable, str(REGISTER), "--params", str(SHIPPED_FROM), "--set", f"register.model_name={name}"]
+        + [argument for setting in settings for argument in ("--set", setting)],
         cwd=project,
         capture_output=True,
         text=True,
-        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        env=os.environ | {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"} | (env or {}),
     )
     assert result.returncode == 0, result.stderr
     return result
@@ -265,6 +320,65 @@ def test_register_stage(tracking_uri, onnx_model, tiny_cache, tmp_path, write_pa
     assert f"on {len(unseen)} frames" in third.stdout
     tags = client.get_model_version("staged", "3").tags
     assert tags["gate_data_hash_differs"] == "true" and tags["gate_champion_version"] == str(champion)
+
+
+@pytest.mark.slow  # a real MLflow server
+def test_the_register_stage_keeps_the_users_champion_and_describes_each_version(
+    tracking_uri, onnx_model, tiny_cache, tmp_path
+):
+    """A first short run below the mean-image baseline is registered but not served, a quick sweep from DVC's queue
+    after the user's own run leaves the user's @champion, and the model and each version say in the MLflow UI what
+    they are."""
+    shutil.copytree(tiny_cache, tmp_path / "data" / "cache")
+    client = MlflowClient(tracking_uri)
+    short = run_register_stage(tmp_path, tracking_uri, onnx_model.parent, 14.93, "intent", baseline=17.46)
+    assert registered(tmp_path)["alias"] == CHALLENGER
+    assert (
+        "register: version 1 is not @champion: its test PSNR 14.93 dB is below the mean-image baseline's 17.46 dB"
+        in short.stdout
+    )
+    with pytest.raises(PipelineError, match=r"no version of intent is @champion \(its versions: 1 @challenger;"):
+        served_from(client, "models:/intent@champion")  # make serve says what there is, instead of MLflow's 404
+
+    model = client.get_registered_model("intent")
+    assert "built-in portrait scene" in model.description and "@champion" in model.description
+    first = client.get_model_version("intent", "1")
+    for shown in (
+        "- **Data**: the built-in portrait scene",
+        f"trained by run `{first.run_id}`",
+        f"evaluated by run `{first.tags['evaluation_run_id']}`",
+        "git commit unknown",  # the project here is no git repository
+        "test PSNR 14.93 dB",
+        "mean-image baseline 17.46 dB",
+        "**Registered as** `@challenger`: no champion yet; not promoted: its test PSNR 14.93 dB is below",
+    ):
+        assert shown in first.description, first.description
+    assert first.tags["data"].startswith("the built-in portrait scene") and "unet generator" in first.tags["settings"]
+
+    # The user's own run, above the baseline: it takes @champion, and make serve names it and where it came from.
+    other = export_tiny(tmp_path / "users_model", tiny_cache, seed=1).parent
+    run_register_stage(tmp_path, tracking_uri, other, 21.0, "intent", baseline=17.46)
+    assert registered(tmp_path)["alias"] == CHAMPION
+    served, data, settings = served_from(client, "models:/intent@champion")
+    champion = client.get_model_version("intent", "2")
+    assert served == f"intent version 2 @champion, test PSNR 21.00 dB: trained by run {champion.run_id}"
+    assert data.startswith("data: the built-in portrait scene") and settings.startswith("settings: unet generator")
+
+    # A quick sweep's experiment, run from DVC's queue in DVC's copy of the project: it never takes @champion.
+    swept = export_tiny(tmp_path / "swept_model", tiny_cache, seed=2).parent
+    queued = {"DVC_ROOT": str(tmp_path / "elsewhere"), "DVC_EXP_NAME": "quick-32"}
+    run_register_stage(tmp_path, tracking_uri, swept, 23.0, "intent", baseline=17.46, env=queued)
+    gate = registered(tmp_path)["gate"]
+    assert registered(tmp_path)["alias"] == (CANDIDATE if gate["new_psnr"] >= gate["champion_psnr"] else CHALLENGER)
+    assert client.get_registered_model("intent").aliases[CHAMPION] == "2"
+    third = client.get_model_version("intent", "3")
+    assert third.tags["dvc_experiment"] == "quick-32" and "DVC experiment `quick-32`" in third.description
+
+    # Asked to: the same kind of experiment with register.promote=true competes for @champion as the user's own.
+    asked = export_tiny(tmp_path / "asked_model", tiny_cache, seed=3).parent
+    run_register_stage(tmp_path, tracking_uri, asked, 23.0, "intent", env=queued, settings=("register.promote=true",))
+    gate = registered(tmp_path)["gate"]
+    assert registered(tmp_path)["alias"] == (CHAMPION if gate["new_psnr"] >= gate["champion_psnr"] else CHALLENGER)
 
 
 def resplit_cache(tiny_cache: Path, folder: Path, write_params) -> Path:

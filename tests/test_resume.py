@@ -13,11 +13,12 @@ from shipped import SHIPPED
 
 def changed(config, key: str):
     """`config` with another value of `key`, unvalidated (the fingerprint hashes values; it does not validate them).
-    train.accelerator goes from auto to cpu: the same device on this machine, so the same precision for `auto`."""
+    train.accelerator goes from auto to cpu: the same device on this machine, so the same precision for `auto`;
+    train.threads from a thread per core to a count that follows the load."""
     value = getattr(config, key)
     other = (
-        "cpu"
-        if key == "accelerator"
+        {"accelerator": "cpu", "threads": "auto"}[key]
+        if key in ("accelerator", "threads")
         else {
             bool: lambda: not value,
             int: lambda: value + 1,

@@ -84,6 +84,7 @@ def test_a_thread_per_core_keeps_its_count_beside_a_busy_neighbour_and_says_once
         said = capsys.readouterr().out
         assert said.count("train.threads: auto follows the free cores") == 1
         assert "other processes kept 1.0 of 2 cores busy" in said
+        assert "this run's 2 threads ran 100% of that time" in said  # the window's own time, at most all of it
     finally:
         torch.set_num_threads(before)
 

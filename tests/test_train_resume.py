@@ -276,7 +276,7 @@ def run_only_changes() -> list[str]:
     for section in ("loader", "model", "train"):
         for key, defines_weights in marked(section, "weights").items():
             value = getattr(getattr(shipped_params, section), key)
-            if defines_weights or key == "resume":
+            if defines_weights or key in marked(section, "stops") or key == "resume":
                 continue
             if key == "accelerator":
                 changes.append("train.accelerator=cpu")

@@ -13,6 +13,7 @@ import json
 import pkgutil
 from pathlib import Path
 from types import ModuleType
+from typing import Iterable
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -118,6 +119,37 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+# Where text goes to a person and nowhere else: what is raised, warned, printed or logged.
+MESSAGE_CALLS = frozenset(
+    {"print", "warn", "rank_zero_warn", "rank_zero_info", "debug", "info", "warning", "error", "exception"}
+)
+
+
+def _without_messages(tree: ast.AST) -> ast.AST:
+    """`tree` with the text of every message (the strings and f-strings inside a `raise` or a MESSAGE_CALLS call)
+    blanked: rewording an error or a progress line changes no computed value."""
+    holders = [node.exc for node in ast.walk(tree) if isinstance(node, ast.Raise) and node.exc is not None]
+    holders += [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in MESSAGE_CALLS
+    ]
+    for holder in holders:
+        for node in ast.walk(holder):
+            for field, value in ast.iter_fields(node):
+                if isinstance(value, list):
+                    value[:] = [_blank(item) for item in value]
+                else:
+                    setattr(node, field, _blank(value))
+    return tree
+
+
+def _blank(node: object) -> object:
+    if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return ast.Constant("")
+    return node
+
+
 def _canonical(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
@@ -140,13 +172,14 @@ def libraries(files: set[Path]) -> dict[str, str]:
     return {distribution: importlib.metadata.version(distribution) for distribution in distributions(files)}
 
 
-def code_digest(script: Path) -> str:
-    """sha256 of what `script` runs: the syntax tree of every file of its import closure (comments, docstrings and
-    layout left out: an edit of those alone keeps the digest) and the version of every library those files import."""
-    files = import_closure(script)
+def code_digest(alone: Iterable[Path], roots: Iterable[Path]) -> str:
+    """sha256 of the files `alone` and the import closures of `roots`: the syntax tree of each file (comments,
+    docstrings, messages and layout left out: an edit of those alone keeps the digest) and the version of every
+    library those files import."""
+    files = {path.resolve() for path in alone}.union(*(import_closure(root) for root in roots))
     digest = hashlib.sha256()
     for path in sorted(files):
-        tree = _without_docstrings(ast.parse(path.read_text(), str(path)))
+        tree = _without_messages(_without_docstrings(ast.parse(path.read_text(), str(path))))
         digest.update(str(path.relative_to(PACKAGE.parents[1])).encode() + b"\0" + ast.dump(tree).encode() + b"\0")
     digest.update(json.dumps(libraries(files), sort_keys=True).encode())
     return digest.hexdigest()

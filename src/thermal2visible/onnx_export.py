@@ -120,9 +120,12 @@ def check_parity(session: ort.InferenceSession, generator: torch.nn.Module, imag
     return error
 
 
-def median_latency_ms(predict: Callable[[np.ndarray], object], image: np.ndarray, repeats: int = 20) -> float:
-    """Median wall time of one call on a batch of one image, after two warm-up calls."""
-    for _ in range(2):
+WARM_UP_CALLS, TIMED_CALLS = 2, 20
+
+
+def median_latency_ms(predict: Callable[[np.ndarray], object], image: np.ndarray, repeats: int = TIMED_CALLS) -> float:
+    """Median wall time of one call on a batch of one image, after the warm-up calls."""
+    for _ in range(WARM_UP_CALLS):
         predict(image)
     times = []
     for _ in range(repeats):
@@ -130,6 +133,15 @@ def median_latency_ms(predict: Callable[[np.ndarray], object], image: np.ndarray
         predict(image)
         times.append(time.perf_counter() - start)
     return 1000.0 * statistics.median(times)
+
+
+def latency_line(latencies: dict[str, float], side: int) -> str:
+    """`median_latency_ms`'s figures, each after what it ran, in one line that says what they measure."""
+    figures = "; ".join(f"{what}: {ms:.2f} ms" for what, ms in latencies.items())
+    return (
+        f"latency of one {side}x{side} image through the generator alone (median wall time of {TIMED_CALLS} calls "
+        f"on a batch of one, after {WARM_UP_CALLS} warm-up calls; no decoding or encoding): {figures}"
+    )
 
 
 class _Calibration(CalibrationDataReader):

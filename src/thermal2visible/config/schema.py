@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_v
 from pydantic.dataclasses import dataclass
 
 from thermal2visible.config import rules
-from thermal2visible.config.marks import defines_weights, run_setting
+from thermal2visible.config.marks import defines_weights, run_setting, stops_training
 
 # JSON's strict rules, as YAML values read: 3 is no bool, "3" no int, 3 a float, a list a tuple; an unknown key fails.
 SCHEMA = ConfigDict(strict=True, extra="forbid")
@@ -152,9 +152,9 @@ class TrainConfig:
     lambda_feat: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)  # 0: no feature matching
     update_rule: Literal["alternating", "simultaneous"] = defines_weights(before="alternating")
     lr_decay_epochs: int = defines_weights()
-    min_epochs: int = defines_weights()
-    max_epochs: Annotated[int, Field(ge=1)] = defines_weights()
-    max_minutes: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)  # 0: no time limit
+    min_epochs: int = stops_training()
+    max_epochs: Annotated[int, Field(ge=1)] = stops_training()
+    max_minutes: Annotated[float, Field(ge=0)] = stops_training(before=0.0)  # 0: no time limit
     precision: Literal["auto", "32-true", "16-mixed", "bf16-mixed"] = defines_weights()
     accelerator: str = run_setting()
     devices: Annotated[int, Field(ge=1)] = (
@@ -179,12 +179,14 @@ class TrainConfig:
     # the kept generator: an exponential moving average of the trained one (0: the trained one itself)
     ema_half_life_images: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)
     ema_ramp_up: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)
+    keep_parked_runs: Annotated[int, Field(ge=0)] = run_setting()  # checkpoints/ holds at most this many + 1
 
 
 @dataclass(frozen=True, config=SCHEMA)
 class EarlyStopConfig:
     window: Annotated[int, Field(ge=1)] = defines_weights()
-    patience: Annotated[int, Field(ge=1)] = defines_weights()
+    patience: Annotated[int, Field(ge=1)] = stops_training()
+    min_delta: Annotated[float, Field(ge=0, allow_inf_nan=False)] = stops_training(before=0.0)
 
 
 @dataclass(frozen=True, config=SCHEMA)
@@ -197,6 +199,8 @@ class ExportConfig:
 @dataclass(frozen=True, config=SCHEMA)
 class RegisterConfig:
     model_name: str
+    promote: bool | Literal["auto"]  # auto: not in an experiment of DVC's queue (registry.gate.promotes)
+    baseline_margin: Annotated[float, Field(allow_inf_nan=False)]  # dB over the mean-image baseline to be promoted
 
 
 @dataclass(frozen=True, config=SCHEMA)

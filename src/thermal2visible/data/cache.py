@@ -24,7 +24,8 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.usable_cores import usable_cores
 from thermal2visible.data.align import Fit, Registration, Rig, aligned, register
-from thermal2visible.data.ingest import SPLITS, read_pair
+from thermal2visible.data.cache_files import JITTER, SPLITS, array_file, load_manifest
+from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import (
     assign_splits,
     check_thermal_units,
@@ -36,7 +37,6 @@ from thermal2visible.paths import MANIFEST
 from thermal2visible.pixels import quantise
 
 CHUNK = 8  # pairs a worker prepares per task: fewer round trips, and still an even spread over the workers
-JITTER = "jitter"  # the training split at the jitter side: jitter_{thermal,visible,identity}.npy
 
 
 def jitter_side(settings: PreprocessConfig) -> int:
@@ -216,26 +216,6 @@ def build_cache(index: dict, settings: PreprocessConfig, max_pixels: int, out_di
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
-
-
-def array_file(cache_dir: str | Path, split: str, kind: str) -> Path:
-    """The cached array of one split (or JITTER) and kind: thermal, visible or identity."""
-    return Path(cache_dir) / f"{split}_{kind}.npy"
-
-
-def load_manifest(cache_dir: str | Path) -> dict:
-    path = Path(cache_dir) / MANIFEST
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: no cache here; run the preprocess stage first (dvc repro preprocess)") from None
-
-
-def load_split(cache_dir: str | Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(thermal, visible, identity) arrays of one split (or of JITTER), memory-mapped read-only."""
-    return tuple(
-        np.load(array_file(cache_dir, split, kind), mmap_mode="r") for kind in ("thermal", "visible", "identity")
-    )
 
 
 def raw_pairs(cache_dir: str | Path, split: str):

@@ -24,8 +24,7 @@ from torch.utils.data import DataLoader
 
 from thermal2visible.config.schema import LoaderConfig
 from thermal2visible.errors import PipelineError
-from thermal2visible.data.cache import JITTER, load_manifest
-from thermal2visible.data.ingest import SPLITS
+from thermal2visible.data.cache_files import JITTER, SPLITS, load_manifest
 from thermal2visible.data.pairs import CachedPairs, StoredRows, batch_as_is, jittered, model_batch, stored_split
 
 

@@ -24,9 +24,9 @@ from tqdm import tqdm
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import IngestConfig
+from thermal2visible.data.cache_files import SPLITS
 from thermal2visible.data.images import IMAGE_SUFFIXES, BadImage, decode_image, read_bytes
 
-SPLITS = ("train", "val", "test")  # the cache's splits, and the folders of the side_by_side layout
 # Control characters (\n, \r, \t, ESC, ...) and the Unicode line and paragraph separators: a name holding one could
 # break or repaint the lines of a terminal or a log.
 LINE_BREAKING = ("Cc", "Zl", "Zp")

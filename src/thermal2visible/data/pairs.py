@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.pixels import stored_to_model_, uint16_from_int16_bits
-from thermal2visible.data.cache import array_file
+from thermal2visible.data.cache_files import array_file
 
 FIELDS = ("thermal", "visible", "identity")
 

@@ -102,19 +102,20 @@ def reference(params_text: str) -> str:
         "Generated from the settings schema and params.yaml's comments by `python -m thermal2visible.dev.params_page`"
         " (a test fails when this page is stale); the values are params.yaml's. Override a key with "
         "`dvc exp run -S section.key=value`, a stage script's `--set section.key=value`, or a preset under `params/`. "
-        "**Weights**: the key defines the trained "
-        "weights, so a checkpoint of a run with another value never continues; the other keys only say how a run is "
-        "carried out.",
+        "**Weights**: yes, the key defines the trained "
+        "weights, so a checkpoint of a run with another value never continues; stop, it only says where a run stops, "
+        "so a checkpoint continues where the new value would not have stopped the run before it; no, it only says how "
+        "a run is carried out.",
     ]
     for section, schema in SECTIONS.items():
-        hints, weights = typing.get_type_hints(schema), marked(section, "weights")
+        hints, weights, stops = typing.get_type_hints(schema), marked(section, "weights"), marked(section, "stops")
         lines += ["", f"## `{section}`", ""]
         if notes.get(section):
             lines += [notes[section], ""]
         lines += ["| key | type | weights | what it does |", "|---|---|---|---|"]
         for field in dataclasses.fields(schema):
             key = field.name
-            defines = {True: "yes", False: "no"}.get(weights.get(key), "")
+            defines = "stop" if stops.get(key) else {True: "yes", False: "no"}.get(weights.get(key), "")
             lines.append(
                 f"| `{key}` | {cell(type_name(hints[key]))} | {defines} | {cell(notes.get(f'{section}.{key}', ''))} |"
             )

@@ -14,10 +14,13 @@ import resource
 import signal
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Iterator
 
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from granian.server.embed import Server
+from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as PROGRESS_BAR
 from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT as TIMEOUT
 from mlflow.exceptions import MlflowException
 import mlflow.artifacts
@@ -37,6 +40,20 @@ from thermal2visible.inference.workers import Loaded, OverLimit, Workers, start_
 JSON = "application/json"
 
 
+@contextmanager
+def no_download_bars() -> Iterator[None]:
+    """MLflow draws a progress bar for every artifact it downloads, a block of lines for every model it reads: none
+    while the server loads its model, unless the environment asks for them."""
+    if PROGRESS_BAR.name in os.environ:
+        yield
+        return
+    os.environ[PROGRESS_BAR.name] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(PROGRESS_BAR.name, None)
+
+
 def invocations_in_worker(model_uri: str) -> Loaded:
     """Run inside a worker (`workers.Setup`): the model loaded as `mlflow models serve` loads it
     (SERVING_MODEL_CONFIG, JSON, overrides its model_config; loading runs the version's packed code, here under the
@@ -47,9 +64,10 @@ def invocations_in_worker(model_uri: str) -> Loaded:
     # MLflow's check of the version's pinned requirements against this environment walks every installed package
     # (seconds of CPU): a worker replaced after a refusal would spend them again. The server's own environment is
     # the project's, which `make image` installs from the model's requirements.
-    pyfunc = mlflow.pyfunc.load_model(
-        model_uri, suppress_warnings=True, **({"model_config": json.loads(override)} if override else {})
-    )
+    with no_download_bars():
+        pyfunc = mlflow.pyfunc.load_model(
+            model_uri, suppress_warnings=True, **({"model_config": json.loads(override)} if override else {})
+        )
     schema = pyfunc.metadata.get_input_schema()
     limits = pyfunc.unwrap_python_model().limits  # a serving.ThermalToVisible's ServedLimits
 
@@ -112,13 +130,19 @@ def routes_without_body() -> Starlette:
     return Starlette(routes=[Route("/ping", ping), Route("/health", ping), Route("/version", version)])
 
 
+def model_files(model_uri: str, files: str) -> str:
+    """The model's files, copied under `files` once for all the workers."""
+    with no_download_bars():
+        return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=files)
+
+
 def scoring_app(model_uri: str, serve: ServeConfig, files: str) -> tuple[ASGIApp, Workers]:
     """The server's app for the model at `model_uri` and its workers (started, each with the model loaded from the
     one copy of its files under `files`); a model that cannot be served raises the first worker's PipelineError."""
     # The workers' wall-clock limit is the scoring server's timeout, as `mlflow models serve` sets it for its workers.
     os.environ.setdefault(TIMEOUT.name, str(TIMEOUT.get()))
     start_forkserver(__name__)
-    local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=files)  # once, not once a worker
+    local = model_files(model_uri, files)
     count = worker_count(serve.workers, serve.max_bodies_in_flight)
     workers = Workers(count, functools.partial(invocations_in_worker, local), serve.worker_memory_mib)
     limits = EdgeLimits.of(

@@ -20,6 +20,7 @@ import torch
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
 from thermal2visible.errors import PipelineError
+from thermal2visible.training.early_stopping import StopRule
 from thermal2visible.training.resume import find_resume
 
 DECISION = "THERMAL2VISIBLE_RESUME"  # rank 0's decision, in the environment of the processes it starts
@@ -47,9 +48,10 @@ def form_process_group(environment: ClusterEnvironment, backend: str) -> None:
 
 
 def decide_resume(
-    directory: Path, fingerprint: str, mode: str, backend: str, stale: Sequence[Path] = ()
+    directory: Path, fingerprint: str, mode: str, backend: str, stale: Sequence[Path] = (), rule: StopRule | None = None
 ) -> tuple[Path | None, str | None]:
-    """(checkpoint to continue, its MLflow run id) for every process of the job, as rank 0 decided it."""
+    """(checkpoint to continue, its MLflow run id) for every process of the job, as rank 0 decided it
+    (`find_resume`: `rule` is the run's StopRule)."""
     inherited = json.loads(os.environ.get(DECISION) or "{}")
     if inherited.get("pid") == os.getppid():
         if inherited["fingerprint"] != fingerprint:
@@ -61,7 +63,7 @@ def decide_resume(
         return (Path(checkpoint) if checkpoint else None), inherited["run_id"]
     environment = launched_environment()
     if environment is None:
-        checkpoint, run_id = find_resume(directory, fingerprint, mode, stale)
+        checkpoint, run_id = find_resume(directory, fingerprint, mode, stale, rule)
         os.environ[DECISION] = json.dumps(
             {
                 "pid": os.getpid(),
@@ -79,6 +81,6 @@ def decide_resume(
         raise PipelineError(
             f"the job's processes train different runs ({found}): every node must see the same code, params and data"
         )
-    decision = [find_resume(directory, fingerprint, mode, stale) if environment.global_rank() == 0 else None]
+    decision = [find_resume(directory, fingerprint, mode, stale, rule) if environment.global_rank() == 0 else None]
     torch.distributed.broadcast_object_list(decision, src=0)
     return decision[0]

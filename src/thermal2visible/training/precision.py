@@ -128,6 +128,18 @@ class RunDevice:
         }
 
 
+def kernels(accelerator: str) -> str:
+    """Which kernels this machine's torch runs, where their rounding differs: the CPU's ATen level and bf16 features
+    (an AVX2 host, an AVX-512 one, one with AMX), or the GPU's name and compute capability."""
+    if accelerator == "cpu":
+        capabilities = torch.cpu.get_capabilities()
+        present = [feature for feature in OTHER_BF16 + avx512_features() if capabilities.get(feature, False)]
+        return "+".join([torch.backends.cpu.get_cpu_capability(), *present])
+    if accelerator in ("gpu", "cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
+    return accelerator
+
+
 def run_device(train: TrainConfig) -> RunDevice:
     """The `RunDevice` of `train` on this machine; says once why a named precision is not taken as asked."""
     accelerator = resolve_accelerator(train.accelerator)

@@ -9,17 +9,19 @@ Files (under `checkpoints/` and `models/`, see thermal2visible.paths):
 
 The protocol:
   1. Every file is written to `<name>.<pid>.tmp` beside it, then renamed over it (`models.payloads.atomic_save`, which
-     Lightning's checkpoints go through too: `AtomicCheckpointIO`): a kill mid-write leaves the previous file whole,
+     Lightning's checkpoints go through too: `training.checkpoint_io`): a kill mid-write leaves the previous file whole,
      and a stray `.tmp` is never read.
   2. Every checkpoint carries a stamp: the run's fingerprint (a hash of everything that defines the trained weights:
-     the keys config/schema.py marks `defines_weights()`, the precision they mean on this machine, the cache's
-     files, the recognizer, and the code the train stage runs with the libraries it imports) and its MLflow run id.
+     the keys config/schema.py marks `defines_weights()`, with the precision, layout, thread count and kernels they
+     mean on this machine, the cache's files, the recognizer, and the code that makes the weights with the libraries
+     it imports: `training_code`) and its MLflow run id. The keys marked `stops_training()` stay out: a checkpoint
+     continues under other values that would not have stopped it before its last epoch (`StopRule`).
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise the old
-     run's files are parked in checkpoints/<its fingerprint>/ (never deleted) and this run continues its own parked
-     files, or starts afresh. One training at a time holds the folder (`one_training_at_a_time`, an OS lock). A
-     stamp is data read from disk: one whose values do not have a fingerprint's and a run id's shape is "unreadable",
-     so no path is ever made from it; and a stamp's run id is continued only where that run says the same
-     fingerprint (tracking.runs.continued_run).
+     run's files are parked in checkpoints/<its fingerprint>/ (the train.keep_parked_runs most recent parked runs
+     are kept: `prune_parked`) and this run continues its own parked files, or starts afresh. One training at a
+     time holds the folder (`one_training_at_a_time`, an OS lock). A stamp is data read from disk: one whose values
+     do not have a fingerprint's and a run id's shape is "unreadable", so no path is ever made from it; and a
+     stamp's run id is continued only where that run says the same fingerprint (tracking.runs.continued_run).
   4. Every checkpoint holds every rank's random state (torch CPU and CUDA, numpy, python: `RandomStreams`), taken
      at the epoch's end and restored before the resumed run draws anything: it draws the shuffles, crops, flips
      and dropout masks the uninterrupted run draws, so it ends with the same weights.
@@ -37,9 +39,11 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import re
+import shutil
 import socket
 from functools import cache
 import warnings
@@ -50,7 +54,6 @@ from typing import Iterator, Sequence
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
 from thermal2visible.config.schema import Params
@@ -58,9 +61,10 @@ from thermal2visible.config.schema import Params
 from thermal2visible.config.stored import weight_defining
 from thermal2visible.errors import PipelineError
 from thermal2visible.imports import PACKAGE, code_digest
-from thermal2visible.models.payloads import atomic_save
+from thermal2visible.training.early_stopping import StopRule, checkpoint_history
 from thermal2visible.paths import PIPELINES
-from thermal2visible.training.precision import RunDevice, run_device
+from thermal2visible.training.precision import RunDevice, kernels, run_device
+from thermal2visible.training.threads import threads_per_process
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
 LAST = "last"  # the checkpoint after every epoch: last.ckpt
@@ -70,18 +74,21 @@ UNREADABLE = "unreadable"  # where a checkpoint whose stamp cannot be trusted is
 TRAINING_SCRIPT = PACKAGE.parents[1] / PIPELINES / "train.py"  # in the project the package belongs to
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoints through `atomic_save`. (Lightning's own save goes through a temporary file in the
-    system temp dir and `shutil.move`, which copies, not renames, when that dir is on another filesystem.)"""
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        atomic_save(checkpoint, path)
-
-
 @cache
 def training_code() -> str:
-    """The digest of the code the train stage runs (its script's import closure, and the libraries it imports)."""
-    return code_digest(TRAINING_SCRIPT)
+    """The digest of the code that makes the weights: the train stage's script itself (not what it imports), and
+    the import closures of what it fits (the LightningModule, its networks, the data module, the Trainer) and of
+    the early stopping that picks the kept epoch. Tracking, figures, progress lines, records and messages are left
+    out, and so are the libraries only they import: rewording a message or upgrading MLflow continues a run."""
+    # here, not at the top: the training modules import this one
+    from thermal2visible.data.datamodule import PairedDataModule
+    from thermal2visible.models.networks import build_networks
+    from thermal2visible.training.early_stopping import PsnrEarlyStopping
+    from thermal2visible.training.module import Pix2Pix
+    from thermal2visible.training.trainer import build_trainer
+
+    fitted = (Pix2Pix, build_networks, PairedDataModule, build_trainer, PsnrEarlyStopping)
+    return code_digest([TRAINING_SCRIPT], [Path(inspect.getsourcefile(part)) for part in fitted])
 
 
 def run_fingerprint(
@@ -89,13 +96,22 @@ def run_fingerprint(
 ) -> str:
     """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint.
     `device`: the run's resolved one (by default `run_device(params.train)`)."""
+    t, device = params.train, device or run_device(params.train)
     defining = {
         section: {key: getattr(getattr(params, section), key) for key in keys}
         for section, keys in weight_defining().items()
     }
-    # `auto` is hashed as what it means on this machine: a checkpoint carried to a machine where it means another
-    # precision (bf16-mixed with bf16 instructions, 32-true without, 16-mixed on a GPU) starts afresh.
-    defining["train"]["precision"] = (device or run_device(params.train)).precision
+    # What `auto` and `cores` mean on this machine, not the words: a checkpoint carried to a machine (or a container,
+    # a taskset, an OMP_NUM_THREADS) where they mean another precision, layout or thread count, or whose kernels
+    # round otherwise, starts afresh.
+    defining["train"] |= {
+        "precision": device.precision,
+        "channels_last": device.channels_last,
+        "threads": threads_per_process(t.threads, device.accelerator, t.devices),
+        "kernels": kernels(device.accelerator),
+        # the cap stops a run (StopRule) and shapes the weights only through the learning rate's decay, which ends there
+        "lr_decay_ends": t.max_epochs if t.lr_decay_epochs else None,
+    }
     defining |= {"data": data_hash, "recognizer": recognizer_hash, "code": training_code()}
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -184,15 +200,17 @@ def read_stamp(checkpoint: Path) -> dict:
 
 
 def find_resume(
-    directory: Path, fingerprint: str, mode: str, stale: Sequence[Path] = ()
+    directory: Path, fingerprint: str, mode: str, stale: Sequence[Path] = (), rule: StopRule | None = None
 ) -> tuple[Path | None, str | None]:
     """(checkpoint to continue from, its stamp's MLflow run id), or (None, None) for a fresh start. Rank 0's alone:
     it moves files (training.job hands its decision to the other processes).
 
     Resume state is kept per fingerprint: another run's last.ckpt and `stale` files are parked in
-    `directory/<its fingerprint>/`, never deleted, and brought back when a run of that fingerprint starts
-    (`resume: auto`), which then continues it. A checkpoint that cannot be read, or whose stamp is not one this code
-    writes, is parked in `directory/unreadable/`.
+    `directory/<its fingerprint>/` (kept up to `prune_parked`'s bound), and brought back when a run of that
+    fingerprint starts (`resume: auto`), which then continues it. A checkpoint that cannot be read, or whose stamp is
+    not one this code writes, is parked in `directory/unreadable/`. A checkpoint of this fingerprint that `rule`
+    (this run's stop settings) would have stopped before its last epoch is parked too, and this run starts afresh:
+    continuing it would keep a model this run could never have trained.
     """
     last = last_checkpoint(directory)
     notice = None
@@ -206,7 +224,12 @@ def find_resume(
             why = error if isinstance(error, UntrustedStamp) else type(error).__name__
             notice = f"{last} cannot be read ({why}): kept in {directory / owner}"
         if mode == "auto" and owner == fingerprint:
-            return last, stamp["mlflow_run_id"]
+            overrun = overrun_by(last, rule)
+            if overrun is None:
+                return last, stamp["mlflow_run_id"]
+            move_run_files(directory, directory, directory / owner, (last, *stale))
+            print(f"notice: {last} is this run's, but {overrun}: kept in {directory / owner}; starting fresh")
+            return None, None
         move_run_files(directory, directory, directory / owner, (last, *stale))
     parked = directory / fingerprint
     if mode == "auto" and last_checkpoint(parked).is_file():
@@ -218,6 +241,10 @@ def find_resume(
             move_run_files(directory, parked, directory / UNREADABLE, (last, *stale))
             print(f"notice: {last_checkpoint(parked)} is not this run's: kept in {directory / UNREADABLE}")
             return None, None
+        overrun = overrun_by(last_checkpoint(parked), rule)
+        if overrun is not None:
+            print(f"notice: {last_checkpoint(parked)} is this run's, but {overrun}: left there; starting fresh")
+            return None, None
         move_run_files(directory, parked, directory, (last, *stale))
         if notice:
             print(f"notice: {notice}; continuing this run's own from {parked}")
@@ -225,6 +252,17 @@ def find_resume(
     if notice:
         print(f"notice: {notice}; starting fresh")
     return None, None
+
+
+def overrun_by(checkpoint: Path, rule: StopRule | None) -> str | None:
+    """Why `checkpoint` went past where `rule` stops a run (StopRule.overrun), or None."""
+    if rule is None:
+        return None
+    try:
+        history = checkpoint_history(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True))
+    except Exception as error:  # as read_stamp: a damaged file cannot be continued
+        return f"it cannot be read ({error if isinstance(error, ValueError) else type(error).__name__})"
+    return rule.overrun(history)
 
 
 def move_run_files(directory: Path, source: Path, target: Path, files: Sequence[Path]) -> None:
@@ -237,6 +275,48 @@ def move_run_files(directory: Path, source: Path, target: Path, files: Sequence[
     for path in files:
         if (source / path.name).is_file():
             (source / path.name).replace(target / path.name)
+
+
+def prune_parked(directory: Path, running: str, keep: int) -> list[str]:
+    """Delete the parked runs of `directory` beyond the `keep` most recently parked or used, saying so in one line;
+    the names of the folders deleted. A parked run is a real folder named as `find_resume` names them (a
+    fingerprint, or `unreadable`) that holds something; the running fingerprint's own folder, a symbolic link and
+    anything else named otherwise are never touched, so nothing outside `directory` is ever followed or deleted."""
+    parked = [
+        folder
+        for folder in (directory.iterdir() if directory.is_dir() else ())
+        if (FINGERPRINT.fullmatch(folder.name) or folder.name == UNREADABLE)
+        and folder.name != running
+        and not folder.is_symlink()
+        and folder.is_dir()
+        and any(folder.iterdir())
+    ]
+    # a folder's time changes when a run is parked into it or taken back out; its files' when they were written
+    parked.sort(key=lambda folder: max(path.lstat().st_mtime for path in (folder, *folder.iterdir())), reverse=True)
+    removed = parked[keep:]
+    if not removed:
+        return []
+    freed = sum(size_of(folder) for folder in removed)
+    for folder in removed:
+        shutil.rmtree(folder)
+    names = ", ".join(folder.name for folder in removed)
+    print(
+        f"notice: {directory}: removed {len(removed)} parked run(s) (fingerprints {names}; {megabytes(freed)}) "
+        f"beyond train.keep_parked_runs {keep}"
+    )
+    return [folder.name for folder in removed]
+
+
+def size_of(path: Path) -> int:
+    """Bytes of the file `path`, or of the files under the folder `path`: symbolic links counted as themselves,
+    never followed."""
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum((Path(root) / name).lstat().st_size for root, _, names in os.walk(path) for name in names)
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 @contextmanager

@@ -35,6 +35,21 @@ from thermal2visible.usable_cores import usable_cores
 WINDOW_S = 2.0  # seconds of steps per decision: /proc counts in ticks of 10 ms, so this is +-0.1 core
 HYSTERESIS = 0.6  # cores between the free cores and the count in use before the count moves
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+BUSY_TAG = "busy_machine"  # the run's tag holding the notice that other processes kept its cores busy
+
+
+def threads_per_process(setting: int | str, accelerator: str, processes: int) -> int | str | None:
+    """The intra-op threads each of a run's `processes` (on one machine) computes with for `setting`: N as given,
+    a thread per usable core for one process, an equal share of them for several (GanDDPStrategy); "auto" where the
+    count follows the load; None off the CPU, where the kernels' arithmetic does not depend on it."""
+    if accelerator != "cpu":
+        return None
+    if isinstance(setting, int):
+        return setting
+    if processes > 1:
+        return max(1, usable_cores() // processes)
+    # torch's pool starts at the cores of the affinity (or OMP_NUM_THREADS); a cgroup quota may allow less
+    return "auto" if setting == "auto" else min(torch.get_num_threads(), usable_cores())
 
 
 def busy_ticks(cores: set[int], stat: Path = Path("/proc/stat")) -> int:
@@ -80,9 +95,7 @@ class FreeCoreThreads(Callback):
     def setup(self, trainer, module, stage: str) -> None:
         self.before, self.changes = torch.get_num_threads(), 0
         self.cores = os.sched_getaffinity(0)
-        # torch's pool defaults to the cores of the affinity; a cgroup quota may allow less time than that, and a
-        # caller (a benchmark) may have asked for fewer
-        self.usable = min(self.before, usable_cores())
+        self.usable = threads_per_process("cores", "cpu", 1)
         on_own_cpu = trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu"
         if isinstance(self.setting, int):
             torch.set_num_threads(self.setting)
@@ -118,13 +131,17 @@ class FreeCoreThreads(Callback):
             return
         if not self.adapts:
             self.watches = False
-            print(
-                f"training: other processes kept {others:.1f} of {self.usable} cores busy during the last "
-                f"{window['seconds']:.1f} s of steps; with a thread per core (train.threads: cores) every step "
-                "waits for the threads that share a core with them; train.threads: auto follows the free cores "
-                "(its weights then differ from an idle run's at rounding level)",
-                flush=True,
+            # what the run's threads got of the time: each step waits for the slowest of them
+            ran = min(1.0, window["own"] / (window["seconds"] * TICKS_PER_S * threads))
+            notice = (
+                f"other processes kept {others:.1f} of {self.usable} cores busy during the last "
+                f"{window['seconds']:.1f} s of steps, and this run's {threads} threads ran {ran:.0%} of that time: "
+                "with a thread per core (train.threads: cores) every step waits for the threads that share a core "
+                "with them, so this training takes several times as long as on an idle machine; train.threads: "
+                "auto follows the free cores (its weights then differ from an idle run's at rounding level)"
             )
+            print(f"training: {notice}", flush=True)
+            set_tags(trainer, {BUSY_TAG: notice})  # for the run's record, and for make demo's closing lines
             return
         torch.set_num_threads(count)
         self.changes += 1

@@ -21,10 +21,9 @@ from thermal2visible.errors import ConfigError
 from thermal2visible.training.allocator import keep_freed_memory
 from thermal2visible.training.precision import ChannelsLast, RunDevice, run_device
 from thermal2visible.training.random_streams import RandomStreams
-from thermal2visible.training.resume import AtomicCheckpointIO
-from thermal2visible.usable_cores import usable_cores
+from thermal2visible.training.checkpoint_io import AtomicCheckpointIO
 from thermal2visible.training.turns import TakeTurns
-from thermal2visible.training.threads import FreeCoreThreads
+from thermal2visible.training.threads import FreeCoreThreads, threads_per_process
 from thermal2visible.training.throughput import Throughput
 
 
@@ -103,7 +102,7 @@ class GanDDPStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         if self.root_device.type == "cpu":
             # One process per core share: several processes with all-core thread pools just fight for the cores.
-            torch.set_num_threads(max(1, usable_cores() // self.num_processes))
+            torch.set_num_threads(threads_per_process("cores", "cpu", self.num_processes))
         super().setup_environment()
 
     def configure_ddp(self) -> None:
