@@ -209,6 +209,13 @@ def test_connections_that_never_send_a_request_hold_no_slot_and_are_closed(serve
             connection.close()
 
 
+def test_the_server_log_holds_a_line_per_request_and_no_warning_a_user_cannot_act_on(server, tmp_path_factory):
+    base, _ = server
+    assert requests.get(f"{base}/ping", timeout=10).status_code == 200
+    text = "".join(log.read_text() for log in tmp_path_factory.getbasetemp().glob("edge*/serve/**/*.log"))
+    assert '"GET /ping HTTP/1.1" 200' in text and "WARNING" not in text, text[-2000:]
+
+
 def test_an_idle_keep_alive_connection_is_closed(server):
     base, _ = server
     connection = silent(base, trickle=False)

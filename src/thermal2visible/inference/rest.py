@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import resource
 import signal
@@ -179,6 +180,8 @@ async def listen(app: ASGIApp, serve: ServeConfig) -> None:
         websockets=False,
         log_access=True,  # one line a request: what an operator (and a test of the balancer) reads
     )
+    # granian says at every start that its embedded mode is experimental: nothing a user of make serve can act on
+    logging.getLogger("_granian").addFilter(lambda record: "experimental" not in record.getMessage())
     loop = asyncio.get_running_loop()
     for stop in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(stop, server.stop)
