@@ -42,6 +42,7 @@ from thermal2visible.training.early_stopping import PsnrEarlyStopping, StopRule
 from thermal2visible.training.job import decide_resume
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
+from thermal2visible.training.parked_runs import prune_parked
 from thermal2visible.training.progress import EpochLine
 from thermal2visible.training.precision import RunDevice, run_device
 from thermal2visible.training.resume import (
@@ -49,7 +50,6 @@ from thermal2visible.training.resume import (
     checkpointing,
     last_checkpoint,
     one_training_at_a_time,
-    prune_parked,
     run_fingerprint,
 )
 from thermal2visible.training.trainer import (

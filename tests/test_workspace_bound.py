@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from thermal2visible.config.load import load_params
-from thermal2visible.training.resume import prune_parked, size_of
+from thermal2visible.training.parked_runs import prune_parked, size_of
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from thermal2visible.paths import CHECKPOINTS
 from thermal2visible.tracking.store import open_store, store_lock, tracking_uri
-from thermal2visible.training.resume import megabytes, size_of
+from thermal2visible.training.parked_runs import megabytes, size_of
 
 
 def tool(name: str) -> str:

@@ -18,7 +18,7 @@ The protocol:
      continues under other values that would not have stopped it before its last epoch (`StopRule`).
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise the old
      run's files are parked in checkpoints/<its fingerprint>/ (the train.keep_parked_runs most recent parked runs
-     are kept: `prune_parked`) and this run continues its own parked files, or starts afresh. One training at a
+     are kept: training.parked_runs) and this run continues its own parked files, or starts afresh. One training at a
      time holds the folder (`one_training_at_a_time`, an OS lock). A stamp is data read from disk: one whose values
      do not have a fingerprint's and a run id's shape is "unreadable", so no path is ever made from it; and a
      stamp's run id is continued only where that run says the same fingerprint (tracking.runs.continued_run).
@@ -43,7 +43,6 @@ import inspect
 import json
 import os
 import re
-import shutil
 import socket
 from functools import cache
 import warnings
@@ -206,7 +205,7 @@ def find_resume(
     it moves files (training.job hands its decision to the other processes).
 
     Resume state is kept per fingerprint: another run's last.ckpt and `stale` files are parked in
-    `directory/<its fingerprint>/` (kept up to `prune_parked`'s bound), and brought back when a run of that
+    `directory/<its fingerprint>/` (kept within training.parked_runs' bound), and brought back when a run of that
     fingerprint starts (`resume: auto`), which then continues it. A checkpoint that cannot be read, or whose stamp is
     not one this code writes, is parked in `directory/unreadable/`. A checkpoint of this fingerprint that `rule`
     (this run's stop settings) would have stopped before its last epoch is parked too, and this run starts afresh:
@@ -275,48 +274,6 @@ def move_run_files(directory: Path, source: Path, target: Path, files: Sequence[
     for path in files:
         if (source / path.name).is_file():
             (source / path.name).replace(target / path.name)
-
-
-def prune_parked(directory: Path, running: str, keep: int) -> list[str]:
-    """Delete the parked runs of `directory` beyond the `keep` most recently parked or used, saying so in one line;
-    the names of the folders deleted. A parked run is a real folder named as `find_resume` names them (a
-    fingerprint, or `unreadable`) that holds something; the running fingerprint's own folder, a symbolic link and
-    anything else named otherwise are never touched, so nothing outside `directory` is ever followed or deleted."""
-    parked = [
-        folder
-        for folder in (directory.iterdir() if directory.is_dir() else ())
-        if (FINGERPRINT.fullmatch(folder.name) or folder.name == UNREADABLE)
-        and folder.name != running
-        and not folder.is_symlink()
-        and folder.is_dir()
-        and any(folder.iterdir())
-    ]
-    # a folder's time changes when a run is parked into it or taken back out; its files' when they were written
-    parked.sort(key=lambda folder: max(path.lstat().st_mtime for path in (folder, *folder.iterdir())), reverse=True)
-    removed = parked[keep:]
-    if not removed:
-        return []
-    freed = sum(size_of(folder) for folder in removed)
-    for folder in removed:
-        shutil.rmtree(folder)
-    names = ", ".join(folder.name for folder in removed)
-    print(
-        f"notice: {directory}: removed {len(removed)} parked run(s) (fingerprints {names}; {megabytes(freed)}) "
-        f"beyond train.keep_parked_runs {keep}"
-    )
-    return [folder.name for folder in removed]
-
-
-def size_of(path: Path) -> int:
-    """Bytes of the file `path`, or of the files under the folder `path`: symbolic links counted as themselves,
-    never followed."""
-    if path.is_file() or path.is_symlink():
-        return path.lstat().st_size
-    return sum((Path(root) / name).lstat().st_size for root, _, names in os.walk(path) for name in names)
-
-
-def megabytes(size: int) -> str:
-    return f"{size / 1e6:.1f} MB"
 
 
 @contextmanager
