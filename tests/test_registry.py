@@ -530,3 +530,15 @@ def test_a_tampered_version_runs_no_code_in_translate_or_the_gate(client, tracki
 def decode_png_of(cache: Path) -> bytes:
     """One of the tiny set's raw thermal frames, as the file it was written."""
     return next((cache.parent / "raw" / "thermal").rglob("*.png")).read_bytes()
+
+
+def test_a_version_whose_identity_could_not_be_scored_is_described_with_the_reason(tiny_params):
+    from thermal2visible.registry.descriptions import version_facts
+
+    # what evaluate writes when the test split holds one person: verification has no different-person pair
+    why = "the test split holds one person, so there are no different-person pairs and no score"
+    identity = {"score": "verification_auc", "why": why, "faces": 3, "generator": None, "real_visible": None}
+    evaluated = {"generator": {"psnr": 20.0}, "identity": identity}
+    sources = [{"split": split} for split in ("train", "train", "val", "test")]
+    facts = version_facts(tiny_params, sources, {"epochs_run": 2, "best_epoch": 2}, evaluated)
+    assert f"identity verification_auc: none ({why})" in facts["scores"]

@@ -1,5 +1,6 @@
 """pipelines/study.py end to end on tiny data: real DVC experiments through DVC's queue and real training runs in
-scratch projects, one MLflow parent, a markdown table."""
+scratch projects, one MLflow parent, a markdown table. The quality study's command of docs/studies.md runs here with
+a budget of seconds instead of its minutes."""
 
 import importlib.util
 import json

@@ -6,8 +6,12 @@ from pathlib import Path
 
 from thermal2visible.paths import PIPELINE_FILES, PROJECT
 
-# beside the pipeline files: the entry points, the environment, what git and DVC leave out, the package's metadata
-FILES = ("MLproject", "conda.yaml", ".gitignore", ".dvcignore", "data/.gitignore", "pyproject.toml", "README.md")
+# beside the pipeline files: the entry points (make's too), the environment, what git and DVC leave out, the
+# package's metadata
+FILES = (
+    "MLproject", "Makefile", "conda.yaml", ".gitignore", ".dvcignore", "data/.gitignore", "pyproject.toml", "torch.txt",
+    "README.md",
+)  # fmt: skip
 FOLDERS = ("pipelines", "src", "params")
 
 

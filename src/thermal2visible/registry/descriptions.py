@@ -66,7 +66,12 @@ def version_facts(params: Params, sources: list[dict], trained: dict, evaluated:
     identity = evaluated.get("identity", {})
     if "generator" in identity:
         score = identity.get("score") or "score"
-        scores += [f"identity {score} {identity['generator']:.3f} (real faces {identity.get('real_visible', 1.0):.3f})"]
+        if identity["generator"] is None:  # evaluate's reason: e.g. a test split of one person has no pairs to tell
+            scores += [f"identity {score}: none ({identity.get('why', 'not scored')})"]
+        else:
+            real = identity.get("real_visible")
+            ceiling = f" (real faces {real:.3f})" if real is not None else ""
+            scores += [f"identity {score} {identity['generator']:.3f}{ceiling}"]
     return {"data": data, "settings": "; ".join(filter(None, chosen)), "scores": ", ".join(scores)}
 
 
