@@ -8,8 +8,9 @@ else it is (`<!-- recipe: serves; needs own data -->`):
   starts or the guide ends, and the blocks after it talk to it;
 - `alternatives`: each line is a way to do the same thing, run one after the other;
 - `ci`: what CI runs itself (.ci/run), not run again here;
-- `needs A, B`: an outside service. Where a local one stands in (LOCAL below), the block runs against it; a service
-  with no local stand-in (a GPU, a cluster scheduler, an image registry) skips the block, saying which;
+- `needs A, B`: an outside service. Where a local one stands in (LOCAL below), the block runs against it, and what
+  a prompt asks (a password) is typed in; a service with no local stand-in (a GPU, a cluster scheduler, an image
+  registry) skips the block, saying which;
 - `tests/<file>.py`: that test runs the block as written, with checks of its own.
 Waiting "until" something, as a user does with `dvc queue status`, waits for DVC's queue to be empty.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -32,7 +34,7 @@ import yaml
 
 from conftest import _write_params, built_once, copy_without_store, make_project, shared_folder
 from thermal2visible.config.load import apply_override
-from thermal2visible.dev.servers import free_port, quiet_env, stop_group
+from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env, stop_group
 
 pytestmark = pytest.mark.slow  # trainings, servers and DVC's queue, each a Python process
 REPO = Path(__file__).resolve().parents[1]
@@ -124,6 +126,29 @@ def a_git_remote(session: Session, text: str) -> dict[str, str]:
     return {}
 
 
+def a_team_server(session: Session, text: str) -> dict[str, str]:
+    """team.md's server with logins on 127.0.0.1 (its settings file as the recipe writes it), started once a
+    session; the admin's password is what the admin types."""
+    if "admin" not in session.passwords:
+        root = session.project.parent / "team-server"
+        root.mkdir()
+        recipe = (REPO / "docs/team.md").read_text()
+        settings = re.search(r"cat > ~/mlflow-server/basic_auth.ini <<EOF\n(.*?)\nEOF\n", recipe, re.S)[1]
+        (root / "basic_auth.ini").write_text(settings.replace("$HOME/mlflow-server", str(root)) + "\n")
+        session.passwords["admin"] = secrets.token_urlsafe(18)
+        env = {
+            "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": session.passwords["admin"],
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32),
+        }
+        options = ("--app-name", "basic-auth", "--artifacts-destination", str(root / "artifacts"))
+        store = f"sqlite:///{root / 'mlflow.db'}"
+        session.team_server = session.servers.enter_context(
+            mlflow_app("server", store, root / "server.log", *options, **env)
+        )
+    return {"http://10.0.0.5:5000": session.team_server}
+
+
 LOCAL = {
     "own data": own_data,
     "radiometric data": radiometric_data,
@@ -132,7 +157,7 @@ LOCAL = {
     "a git remote": a_git_remote,
     "postgresql": "tests/test_doc_recipes.py runs it against a local cluster",
     "s3": "tests/test_doc_recipes.py runs it with a folder for the bucket",
-    "a team server": "tests/test_team_auth.py and tests/test_team_server.py run the team server's recipes",
+    "a team server": a_team_server,
     "a GPU": "torch sees no CUDA GPU",
     "SLURM": "no SLURM scheduler",
     "docker": "tests/test_serving_image.py builds and runs the image",
@@ -149,6 +174,8 @@ class Session:
         self.addresses: dict[str, str] = {}
         self.env = self.env_of()
         self.server: subprocess.Popen | None = None
+        self.passwords: dict[str, str] = {}  # as printed by team_users.py, the admin's as the team server stand-in's
+        self.team_server = ""
 
     @staticmethod
     def env_of() -> dict[str, str]:
@@ -163,11 +190,15 @@ class Session:
         return INSTALLS.sub("", "\n".join(lines) + "\n")
 
     def bash(self, text: str, timeout: float = 900) -> str:
+        """`text` in bash; what a `read -rsp` prompt asks is typed in: the password of the user the text logs in as."""
+        user = re.search(r"MLFLOW_TRACKING_USERNAME=(\S+)", text)
+        typed = f"{self.passwords[user[1]]}\n" if user and "read -rsp" in text else ""
         done = subprocess.run(
-            ["bash", "-e", "-c", text], cwd=self.project, env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
-            text=True, timeout=timeout,
+            ["bash", "-e", "-c", text], cwd=self.project, env=self.env, input=typed, capture_output=True, text=True,
+            timeout=timeout,
         )  # fmt: skip
         assert done.returncode == 0, f"{text}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        self.passwords |= dict(re.findall(r"^created user (\S+), password (\S+)$", done.stdout, re.M))
         return done.stdout
 
     def until_the_queue_is_done(self, timeout: float = 900) -> None:
