@@ -168,8 +168,12 @@ def project_copy(tmp_path) -> Path:
     return make_project(tmp_path / "project")
 
 
-def _run_the_pipeline(folder: Path) -> None:
+def _run_the_pipeline(folder: Path, *overrides: str) -> None:
     repo = make_project(folder / "project")
+    if overrides:
+        _write_params(repo, *overrides)
+        commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "params"]
+        subprocess.run(commit, cwd=repo, check=True, capture_output=True)
     done = subprocess.run(  # quiet_env: the stages run this interpreter's `python`
         [str(Path(sys.executable).with_name("dvc")), "repro"], cwd=repo, capture_output=True, text=True, env=quiet_env()
     )
@@ -181,6 +185,18 @@ def pipeline_project(tmp_path_factory) -> Path:
     """A project in which the whole tiny pipeline has run (`dvc repro`): its outputs, dvc.lock and MLflow store
     (mlflow.db), shared by the tests that only read it or copy it."""
     return built_once(shared_folder(tmp_path_factory), "pipeline", _run_the_pipeline) / "project"
+
+
+# The guides' sweeps try batches of up to 64: four times the tests' faces fill one
+GUIDE_DATA = "synthesize.images_per_identity=24"
+
+
+@pytest.fixture(scope="session")
+def guides_project(tmp_path_factory) -> Path:
+    """A project in which the tiny pipeline ran on the guides' data (tests/test_guides.py): what each guide's session
+    starts from."""
+    build = lambda folder: _run_the_pipeline(folder, GUIDE_DATA)  # noqa: E731
+    return built_once(shared_folder(tmp_path_factory), "guides", build) / "project"
 
 
 def copy_without_store(project: Path, folder: Path) -> Path:

@@ -32,7 +32,7 @@ import pytest
 import requests
 import yaml
 
-from conftest import _write_params, built_once, copy_without_store, make_project, shared_folder
+from conftest import copy_without_store
 from thermal2visible.config.load import apply_override
 from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env, stop_group
 
@@ -110,11 +110,36 @@ def a_cluster(session: Session, text: str) -> dict[str, str]:
 
 
 def a_dvc_remote(session: Session, text: str) -> dict[str, str]:
-    """The project pushed to a folder remote, and a teammate's clone of it, where the block runs."""
+    """A folder as the project's default DVC remote, committed, holding the project's outputs."""
     remote = session.project.parent / "dvc-remote"
-    git = "git -c user.name=t -c user.email=t@t"
-    session.bash(f"dvc remote add -d team {remote} && {git} commit -qam 'the remote' && dvc push -q")
+    if not remote.exists():
+        git = "git -c user.name=t -c user.email=t@t"
+        session.bash(f"dvc remote add -d team {remote} && {git} commit -qam 'the remote' && dvc push -q")
+    return {}
+
+
+def a_teammates_clone(session: Session, text: str) -> dict[str, str]:
+    """A teammate's git clone of the project, where the block runs."""
     session.project = clone(session.project, session.project.parent / "teammate")
+    return {}
+
+
+def slurm(session: Session, text: str) -> dict[str, str]:
+    """`sbatch` for this machine: an array's tasks one after another with SLURM's variables, then its status."""
+    bin_ = session.project.parent / "slurm-bin"
+    bin_.mkdir(exist_ok=True)
+    (bin_ / "sbatch").write_text(
+        "#!/bin/bash\n"
+        "array=0-0\n"
+        'while [[ "$1" == -* ]]; do [[ "$1" == --array=* ]] && array="${1#--array=}"; shift; done\n'
+        'echo "Submitted batch job $$"\n'
+        'for task in $(seq "${array%-*}" "${array#*-}"); do\n'
+        '  SLURM_SUBMIT_DIR="$PWD" SLURM_ARRAY_JOB_ID=$$ SLURM_ARRAY_TASK_ID=$task bash "$@" || exit 1\n'
+        "done\n"
+    )
+    (bin_ / "sbatch").chmod(0o755)
+    if str(bin_) not in session.env["PATH"]:
+        session.env["PATH"] = f"{bin_}{os.pathsep}{session.env['PATH']}"
     return {}
 
 
@@ -154,12 +179,13 @@ LOCAL = {
     "radiometric data": radiometric_data,
     "a cluster": a_cluster,
     "a DVC remote": a_dvc_remote,
+    "a teammate's clone": a_teammates_clone,
+    "SLURM": slurm,
     "a git remote": a_git_remote,
     "postgresql": "tests/test_doc_recipes.py runs it against a local cluster",
     "s3": "tests/test_doc_recipes.py runs it with a folder for the bucket",
     "a team server": a_team_server,
     "a GPU": "torch sees no CUDA GPU",
-    "SLURM": "no SLURM scheduler",
     "docker": "tests/test_serving_image.py builds and runs the image",
     "an image registry": "no image registry",
     "kubernetes": "no Kubernetes cluster",
@@ -231,6 +257,9 @@ class Session:
                 time.sleep(1)
 
     def run(self, block: Block, log: Path) -> None:
+        """`block` against the local stand-ins of what it needs, as its markers say."""
+        for need in block.words("needs"):
+            self.addresses |= LOCAL[need](self, block.text)
         text = self.local(block.text)
         if block.words("alternatives"):
             lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
@@ -292,25 +321,6 @@ def clone(project: Path, folder: Path) -> Path:
     return as_after_setup(folder)
 
 
-# The sweeps of the guides try batches of up to 64: four times the tests' faces fill one
-GUIDE_DATA = "synthesize.images_per_identity=24"
-
-
-def _run_the_guides_pipeline(folder: Path) -> None:
-    project = make_project(folder / "project")
-    _write_params(project, GUIDE_DATA)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "the guides' data"]
-    subprocess.run(git, cwd=project, check=True)
-    done = subprocess.run(["dvc", "repro"], cwd=project, capture_output=True, text=True, env=Session.env_of())
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-@pytest.fixture(scope="session")
-def guides_project(tmp_path_factory) -> Path:
-    """A project in which the tiny pipeline ran on the guides' data: what each guide's session starts from."""
-    return built_once(shared_folder(tmp_path_factory), "guides", _run_the_guides_pipeline) / "project"
-
-
 def start_session(guides_project: Path, folder: Path, servers: ExitStack) -> Session:
     """A clone that ran `make demo`: its outputs and DVC's cache, committed, and its MLflow store."""
     project = as_after_setup(copy_without_store(guides_project, folder))
@@ -365,6 +375,4 @@ def test_the_guide_s_recipes_run_as_pasted(guide, guides_project, tmp_path):
     with ExitStack() as servers:
         session = start_session(guides_project, tmp_path / "project", servers)
         for block in runs:
-            for need in block.words("needs"):
-                session.addresses |= LOCAL[need](session, block.text)
             session.run(block, tmp_path / f"block-{block.line}")
