@@ -22,16 +22,13 @@ import pytest
 import requests
 
 from conftest import copy_without_store
+from test_guides import BLOCK, INSTALLS
 from test_team_server import PG_BIN, as_postgres, postgres_missing
 from thermal2visible.dev.servers import free_port, quiet_env, running
 
 pytestmark = pytest.mark.slow  # every recipe runs in bash, its commands Python processes
 REPO = Path(__file__).resolve().parents[1]
 MAKEFILE = REPO / "Makefile"
-BLOCK = re.compile(r"(?:<!-- recipe: (?P<marker>[^>]*?) -->\n)?```bash\n(?P<text>.*?)```", re.S)
-# Installing into the environment the tests run in would repoint its editable install at a scratch copy: the tests
-# check that what such a line installs is there instead.
-INSTALLS = re.compile(r"^pip install .*$", re.M)
 
 
 def marked(guide: str, marker: str) -> str:

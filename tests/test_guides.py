@@ -33,14 +33,18 @@ import requests
 import yaml
 
 from conftest import copy_without_store
+from test_recipes import shell_env
+from test_team_auth import auth_ini
 from thermal2visible.config.load import apply_override
-from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env, stop_group
+from thermal2visible.dev.servers import free_port, mlflow_app, stop_group
 
 pytestmark = pytest.mark.slow  # trainings, servers and DVC's queue, each a Python process
 REPO = Path(__file__).resolve().parents[1]
 GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(?:<!-- recipe: (?P<marker>[^>]*?) -->\n)?```bash\n(?P<text>.*?)```", re.S)
-INSTALLS = re.compile(r"^pip install .*$", re.M)  # the tests' environment has what they install
+# Installing into the environment the tests run in would repoint its editable install at a scratch copy: the tests
+# check that what such a line installs is there instead.
+INSTALLS = re.compile(r"^pip install .*$", re.M)
 QUEUE_WAIT = re.compile(r"^dvc queue status.*\n", re.M)
 
 
@@ -157,9 +161,7 @@ def a_team_server(session: Session, text: str) -> dict[str, str]:
     if "admin" not in session.passwords:
         root = session.project.parent / "team-server"
         root.mkdir()
-        recipe = (REPO / "docs/team.md").read_text()
-        settings = re.search(r"cat > ~/mlflow-server/basic_auth.ini <<EOF\n(.*?)\nEOF\n", recipe, re.S)[1]
-        (root / "basic_auth.ini").write_text(settings.replace("$HOME/mlflow-server", str(root)) + "\n")
+        (root / "basic_auth.ini").write_text(auth_ini(root / "basic_auth.db"))
         session.passwords["admin"] = secrets.token_urlsafe(18)
         env = {
             "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
@@ -198,15 +200,10 @@ class Session:
     def __init__(self, project: Path, servers: ExitStack):
         self.project, self.servers = project, servers
         self.addresses: dict[str, str] = {}
-        self.env = self.env_of()
+        self.env = shell_env()
         self.server: subprocess.Popen | None = None
         self.passwords: dict[str, str] = {}  # as printed by team_users.py, the admin's as the team server stand-in's
         self.team_server = ""
-
-    @staticmethod
-    def env_of() -> dict[str, str]:
-        """The venv's commands first on PATH, as after `source .venv/bin/activate`."""
-        return quiet_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 
     def local(self, text: str) -> str:
         """`text` with local addresses, less its installs and what CI runs itself."""
