@@ -199,6 +199,13 @@ def guides_project(tmp_path_factory) -> Path:
     return built_once(shared_folder(tmp_path_factory), "guides", build) / "project"
 
 
+@pytest.fixture(scope="session")
+def docker_tags(tmp_path_factory) -> FileLock:
+    """Held by a test while it builds and runs serving images: their tags are the registered model's name, the same
+    in every test project, so one test process at a time may set and use them."""
+    return FileLock(shared_folder(tmp_path_factory) / "docker-tags.lock")
+
+
 def copy_without_store(project: Path, folder: Path) -> Path:
     """A copy of a project that ran the pipeline, less its MLflow store (its runs name the original's artifact folder)
     and DVC's locks and state: the shared project stays as it was built, whatever a test does to its copy."""

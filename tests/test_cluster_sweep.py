@@ -24,11 +24,11 @@ def block(guide: str, holding: str) -> Block:
 
 @pytest.mark.timeout(1800)
 def test_a_sweep_as_a_job_array_ends_in_every_clone_s_dvc_exp_show_and_the_team_store(
-    guides_project, tmp_path, monkeypatch
+    guides_project, docker_tags, tmp_path, monkeypatch
 ):
     sweep = block("docs/studies.md", "tests/test_cluster_sweep.py")
     with ExitStack() as servers:
-        session = start_session(guides_project, tmp_path / "project", servers)
+        session = start_session(guides_project, tmp_path / "project", servers, docker_tags)
         session.run(block("docs/team.md", "team_users.py --manage ci"), tmp_path / "users")  # the admin makes `ci`
         session.run(sweep, tmp_path / "sweep")
         names = re.findall(r"^(\S+) ", (session.project / "sweep.txt").read_text(), re.M)

@@ -5,22 +5,25 @@ there shrunk to it too).
 A block runs as written, with its outside addresses replaced by local ones. A comment just before a block says what
 else it is (`<!-- recipe: serves; needs own data -->`):
 - `serves`: it starts a server that runs until Ctrl-C; it runs in the background until the guide's next server
-  starts or the guide ends, and the blocks after it talk to it;
+  starts or the guide ends (then a Ctrl-C, SIGINT to its process group, stops it), and the blocks after it talk to it;
 - `alternatives`: each line is a way to do the same thing, run one after the other;
 - `ci`: what CI runs itself (.ci/run), not run again here;
 - `needs A, B`: an outside service. Where a local one stands in (LOCAL below), the block runs against it, and what
-  a prompt asks (a password) is typed in; a service with no local stand-in (a GPU, a cluster scheduler, an image
-  registry) skips the block, saying which;
+  a prompt asks (a password) is typed in; a service with no local stand-in (a GPU, an image registry, Kubernetes),
+  or a Docker daemon where none runs, skips the block, saying which;
 - `tests/<file>.py`: that test runs the block as written, with checks of its own.
 Waiting "until" something, as a user does with `dvc queue status`, waits for DVC's queue to be empty.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +39,7 @@ from conftest import copy_without_store
 from test_recipes import shell_env
 from test_team_auth import auth_ini
 from thermal2visible.config.load import apply_override
+from thermal2visible.dev.containers import docker_missing
 from thermal2visible.dev.servers import free_port, mlflow_app, stop_group
 
 pytestmark = pytest.mark.slow  # trainings, servers and DVC's queue, each a Python process
@@ -176,6 +180,35 @@ def a_team_server(session: Session, text: str) -> dict[str, str]:
     return {"http://10.0.0.5:5000": session.team_server}
 
 
+def a_docker_daemon(session: Session, text: str) -> dict[str, str]:
+    """The Docker daemon here (.ci/run starts one). The images' tags are the registered model's name, the same in
+    the serving image's tests, so the session holds them until it ends; then nothing the guide ran may be left."""
+    if not session.holds_docker:
+        session.servers.enter_context(session.docker_tags)
+        name = json.loads((session.project / "reports/registered.json").read_text())["model_name"]
+        session.servers.callback(nothing_left_in_docker, name)
+        session.holds_docker = True
+    return {}
+
+
+def nothing_left_in_docker(name: str) -> None:
+    """After the user's Ctrl-C no container of the image `name` is left, nor anything of its compose project (the
+    one `make serve-replicas` names after the model): what is left is removed, then named."""
+    project = f"label=com.docker.compose.project={name}"
+    listings = {
+        ("ps", "-aq", "--filter", f"ancestor={name}"): ("rm", "-f"),
+        ("ps", "-aq", "--filter", project): ("rm", "-f"),
+        ("network", "ls", "-q", "--filter", project): ("network", "rm"),
+    }
+    left = {}
+    for listing, remove in listings.items():
+        found = subprocess.run(["docker", *listing], capture_output=True, text=True).stdout.split()
+        if found:
+            subprocess.run(["docker", *remove, *found], capture_output=True)
+            left[" ".join(listing)] = found
+    assert not left, f"left behind after Ctrl-C: {left}"
+
+
 LOCAL = {
     "own data": own_data,
     "radiometric data": radiometric_data,
@@ -188,7 +221,7 @@ LOCAL = {
     "s3": "tests/test_doc_recipes.py runs it with a folder for the bucket",
     "a team server": a_team_server,
     "a GPU": "torch sees no CUDA GPU",
-    "docker": "tests/test_serving_image.py builds and runs the image",
+    "docker": docker_missing() or a_docker_daemon,
     "an image registry": "no image registry",
     "kubernetes": "no Kubernetes cluster",
 }
@@ -197,8 +230,9 @@ LOCAL = {
 class Session:
     """One user's shell session through a guide: the project, its addresses, and the servers it started."""
 
-    def __init__(self, project: Path, servers: ExitStack):
-        self.project, self.servers = project, servers
+    def __init__(self, project: Path, servers: ExitStack, docker_tags: contextlib.AbstractContextManager):
+        self.project, self.servers, self.docker_tags = project, servers, docker_tags
+        self.holds_docker = False
         self.addresses: dict[str, str] = {}
         self.env = shell_env()
         self.server: subprocess.Popen | None = None
@@ -234,15 +268,15 @@ class Session:
     def serve(self, text: str, log: Path, timeout: float = 600) -> None:
         """A server in the background, once it answers on the port the text names (make serve: params.yaml's)."""
         if self.server is not None:
-            stop_group(self.server)  # the user's Ctrl-C before the next server
-        ports = re.findall(r"(?:PORT=|serve\.port=|-p |127\.0\.0\.1:)(\d+)", text)
+            ctrl_c(self.server)
+        ports = re.findall(r"(?:PORT=|serve\.port=|-p (?:127\.0\.0\.1:)?|127\.0\.0\.1:)(\d+)", text)
         url = f"http://127.0.0.1:{ports[0] if ports else self.addresses['127.0.0.1:5001'].split(':')[1]}/"
         with log.open("w") as out:
             self.server = subprocess.Popen(
                 ["bash", "-e", "-c", text], cwd=self.project, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
-        self.servers.callback(stop_group, self.server)
+        self.servers.callback(ctrl_c, self.server)
         deadline = time.monotonic() + timeout
         while True:
             assert self.server.poll() is None, f"{text}\n{log.read_text()[-4000:]}"
@@ -289,6 +323,16 @@ class Session:
         assert second.returncode == 0, output[-4000:]
 
 
+def ctrl_c(server: subprocess.Popen, grace_s: float = 120) -> None:
+    """The user's Ctrl-C: SIGINT to the server's process group, as a terminal sends it; what is still running after
+    `grace_s` is stopped as the tests stop servers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(grace_s)
+    stop_group(server)
+
+
 def shrink_presets(project: Path) -> None:
     """Every preset at the tests' size: tiny.yaml's model and training keys over each. Its data keys stay the
     project's (the guides' faces) and the preset's own (the camera scene's frames, which are aligned at their own
@@ -318,14 +362,16 @@ def clone(project: Path, folder: Path) -> Path:
     return as_after_setup(folder)
 
 
-def start_session(guides_project: Path, folder: Path, servers: ExitStack) -> Session:
+def start_session(
+    guides_project: Path, folder: Path, servers: ExitStack, docker_tags: contextlib.AbstractContextManager
+) -> Session:
     """A clone that ran `make demo`: its outputs and DVC's cache, committed, and its MLflow store."""
     project = as_after_setup(copy_without_store(guides_project, folder))
     port = free_port()
     params = (project / "params.yaml").read_text()
     (project / "params.yaml").write_text(params.replace("port: 5001", f"port: {port}"))
     shrink_presets(project)
-    session = Session(project, servers)
+    session = Session(project, servers, docker_tags)
     session.bash("echo .venv >> .gitignore && git add -A && git -c user.name=t -c user.email=t@t commit -qm demo")
     session.bash("dvc repro -q")  # what the demo left in the MLflow store, which the copy leaves out
     session.addresses = {"127.0.0.1:5001": f"127.0.0.1:{port}", "make ui": f"make ui PORT={free_port()}"}
@@ -365,11 +411,11 @@ def test_every_block_runs_here_or_says_what_runs_it():
 
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("guide", GUIDES, ids=GUIDE_IDS)
-def test_the_guide_s_recipes_run_as_pasted(guide, guides_project, tmp_path):
+def test_the_guide_s_recipes_run_as_pasted(guide, guides_project, docker_tags, tmp_path):
     runs = [block for block in blocks(guide) if runnable(block) is None]
     if not runs:
         pytest.skip(f"{guide.name}: {'; '.join(runnable(block) for block in blocks(guide)) or 'no bash block'}")
     with ExitStack() as servers:
-        session = start_session(guides_project, tmp_path / "project", servers)
+        session = start_session(guides_project, tmp_path / "project", servers, docker_tags)
         for block in runs:
             session.run(block, tmp_path / f"block-{block.line}")

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ import yaml
 from PIL import Image
 from shipped import SHIPPED_TEXT, shipped
 from thermal2visible.errors import PipelineError
-from thermal2visible.dev.servers import free_port, model_server, quiet_env, running
+from thermal2visible.dev.servers import free_port, listening_pid, model_server, quiet_env, running
 from conftest import run_script
 from tiny_model import export_tiny, register_tiny
 
@@ -99,6 +100,34 @@ def in_process(tmp_path_factory, tiny_cache, tracking_uri) -> mlflow.pyfunc.PyFu
 def url(in_process, tracking_uri, tmp_path_factory):
     with model_server(MODEL_URI, tmp_path_factory.mktemp("serve"), tracking_uri) as base:
         yield base
+
+
+def live_members(group: int) -> list[int]:
+    """The processes of process group `group` that have not exited (zombies left out)."""
+    members = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state, _, pgid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except OSError:
+            continue
+        if int(pgid) == group and state != "Z":
+            members.append(int(pid))
+    return members
+
+
+def test_ctrl_c_stops_the_server_and_its_workers_without_a_traceback(in_process, tracking_uri, tmp_path):
+    """The terminal's Ctrl-C reaches the server and each of its request workers: all stop, and the user reads the
+    server's own shutdown, not a traceback per worker."""
+    with model_server(MODEL_URI, tmp_path, tracking_uri) as base:
+        group = os.getpgid(listening_pid(int(base.rsplit(":", 1)[1])))
+        assert len(live_members(group)) > 2  # the server, its workers' forkserver and the workers
+        os.killpg(group, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while live_members(group) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not live_members(group)
+    log = (tmp_path / "model-server.log").read_text()
+    assert "Shutting down" in log and "Traceback" not in log and "KeyboardInterrupt" not in log, log
 
 
 def invoke(url: str, body: dict) -> requests.Response:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import requests
@@ -28,8 +29,9 @@ CLIENTS, REQUESTS = 8, 5
 
 
 @pytest.fixture(scope="module")
-def image(pipeline_project) -> str:
-    return build_image(pipeline_project)
+def image(pipeline_project, docker_tags) -> Iterator[str]:
+    with docker_tags:  # until the module's last test has run the image and its replicas
+        yield build_image(pipeline_project)
 
 
 @pytest.fixture(scope="module")

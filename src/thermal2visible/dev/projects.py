@@ -12,7 +12,7 @@ FILES = (
     "MLproject", "Makefile", "conda.yaml", ".gitignore", ".dvcignore", "data/.gitignore", "pyproject.toml", "torch.txt",
     "README.md",
 )  # fmt: skip
-FOLDERS = ("pipelines", "src", "params")
+FOLDERS = ("pipelines", "src", "params", "docker")
 
 
 def copy_project(folder: Path, *folders: str) -> Path:

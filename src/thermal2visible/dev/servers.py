@@ -102,7 +102,7 @@ def mlflow_app(app: str, store_uri: str, log: Path, *options: str, **env: str) -
     port = free_port()
     command = [MLFLOW, app, "--backend-store-uri", store_uri, *options]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    # Job execution starts extra machinery that takes the start from ~4 s to ~23 s: off unless `env` turns it on.
+    # Job execution starts extra machinery that makes the start several times slower: off unless `env` turns it on.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"} | env
     with running(command, "/health", port, log, quiet_env(**env)) as base:
         yield base

@@ -30,8 +30,8 @@ from thermal2visible.registry.gate import registered_model_name
 from thermal2visible.tracking.store import tracking_uri
 
 MODEL_TRAINING = "workflowType=machine_learning"
-# The metric charts draw last, after their plotting library loads: a long run's 11 charts took more than 40 s of
-# headless Chromium's virtual time once; the val_* charts sit low on the page.
+# The metric charts draw last, after their plotting library loads, and a long run's charts take a large share of
+# headless Chromium's virtual time; the val_* charts sit low on the page.
 CHARTS = dict(wait_ms=120000, height=2600)
 
 

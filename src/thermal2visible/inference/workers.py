@@ -81,6 +81,9 @@ def start_forkserver(module: str) -> None:
 
 def _serve(connection: Connection, setup: Setup, memory_mib: int) -> None:
     """The worker's loop: limits first, then the model, then one request after another until the pipe closes."""
+    # A terminal's Ctrl-C reaches every process of its group: the server stops its workers itself (by closing their
+    # pipes), so a worker ignores it rather than printing a traceback of the wait it interrupted
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a worker ended over a limit writes no core file
     memory = memory_mib * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
