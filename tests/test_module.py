@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.optim.swa_utils import update_bn
 
 from lightning.pytorch import Callback
 
@@ -169,14 +170,14 @@ def test_learning_rates_decay_linearly_at_the_end():
 
 def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what_validation_scores_and_saves(tmp_path):
     """train.ema_half_life_images: after every step the kept generator's weights move towards the trained one's by
-    1 - 0.5 ** (batch / half-life), the half-life at most train.ema_ramp_up of the images trained on so far, and its
-    batch-norm statistics follow its own activations on the batches trained on (replayed here: the averaged weights of
-    each step run in training mode on that step's batch); validation scores it and early stopping saves it. Off, the
-    kept generator is the trained one."""
+    1 - 0.5 ** (batch / half-life), the half-life at most train.ema_ramp_up of the images trained on so far, and
+    before each validation its batch-norm statistics are recomputed from the epoch's batches (replayed here: torch's
+    update_bn on the averaged weights, dropout dropping nothing, over the last epoch's batches); validation scores it
+    and early stopping saves it. Off, the kept generator is the trained one."""
     half_life, ramp_up, batch = 3.0, 0.25, 2
     train = tiny_train(ema_half_life_images=half_life, ema_ramp_up=ramp_up, batch_size=batch, max_epochs=2)
-    module = Pix2Pix(*build_networks(tiny_model(dropout=0.0), SIZE, 1, 3), train)
-    untrained = copy.deepcopy(module.generator)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), train)
+    replay = copy.deepcopy(module.generator)  # untrained: where the average starts
     trained, batches = [], []  # the trained generator's weights after every step, and that step's thermal batch
 
     class AfterEachStep(Callback):
@@ -190,16 +191,16 @@ def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what
     trainer = build_trainer(train, callbacks=[stop, AfterEachStep()])
     trainer.fit(module, train_dataloaders=loader(count=6), val_dataloaders=loader())
 
-    replay = untrained.train()
-    expected = {name: value.detach().clone() for name, value in untrained.named_parameters()}  # the average starts here
+    expected = {name: value.detach().clone() for name, value in replay.named_parameters()}
     half_lives = [min(half_life, ramp_up * batch * step) for step in range(1, len(trained) + 1)]
     assert half_lives[0] < half_life == half_lives[-1]  # the ramp-up, then the half-life itself
-    for state, thermal, step_half_life in zip(trained, batches, half_lives):
+    for state, step_half_life in zip(trained, half_lives):
         decay = 0.5 ** (batch / step_half_life)
         expected = {name: decay * expected[name] + (1 - decay) * state[name] for name in expected}
-        replay.load_state_dict(expected, strict=False)
-        with torch.no_grad():
-            replay(thermal)
+    replay.load_state_dict(expected, strict=False)
+    for dropout in (layer for layer in replay.modules() if isinstance(layer, torch.nn.Dropout)):
+        dropout.p = 0.0
+    update_bn(batches[len(batches) // 2 :], replay)  # the second epoch's 3 steps
     kept = module.kept_generator.state_dict()
     for name, value in replay.state_dict().items():
         torch.testing.assert_close(kept[name], value, msg=lambda message, name=name: f"{name}: {message}")
@@ -208,6 +209,7 @@ def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what
     trained_state = module.generator.state_dict()
     assert statistics and not all(torch.equal(kept[name], trained_state[name]) for name in statistics)
 
+    assert stop.best_epoch == 2
     saved, _ = load_generator(best)
     for name, value in saved.state_dict().items():
         torch.testing.assert_close(value, kept[name], msg=f"saved {name}")
@@ -219,3 +221,42 @@ def test_the_kept_generator_is_the_moving_average_of_the_trained_one_and_is_what
 
     plain = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), tiny_train(ema_half_life_images=0))
     assert plain.kept_generator is plain.generator
+
+
+def test_the_averages_statistics_come_from_the_last_batches_of_the_epoch_being_validated():
+    """train.ema_statistics_images: the moving average keeps the fewest last batches of the epoch that hold that many
+    images (3: two batches of 2), none of an earlier epoch, and validation refreshes its statistics from them."""
+    train = tiny_train(ema_statistics_images=3, max_epochs=2)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), train)
+    kept_after_each_step, epochs, validated_from = [], [], []
+
+    class Watch(Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            epochs.append([])
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            kept_after_each_step.append(len(pl_module.generator_average.recent_batches))
+            epochs[-1].append(batch["thermal"].clone())
+
+        def on_validation_start(self, trainer, pl_module):  # before the module's own hook refreshes
+            validated_from.append([thermal.clone() for thermal in pl_module.generator_average.recent_batches])
+
+    trainer = build_trainer(train, callbacks=[Watch()])
+    trainer.fit(module, train_dataloaders=loader(count=8), val_dataloaders=loader())
+    assert kept_after_each_step == [1, 2, 2, 2] * 2  # cleared as each epoch starts
+    for epoch, kept in zip(epochs, validated_from, strict=True):
+        assert len(kept) == 2 and all(torch.equal(a, b) for a, b in zip(kept, epoch[-2:]))
+    norms = [layer for layer in module.kept_generator.modules() if isinstance(layer, torch.nn.BatchNorm2d)]
+    assert norms and all(norm.num_batches_tracked.item() == 2 for norm in norms)
+
+
+def test_under_pix2pix_test_mode_the_average_keeps_no_batch_and_its_statistics_never_move():
+    """train.test_mode train normalises each image by its own statistics: the running ones are never read, so none
+    are recomputed."""
+    train = tiny_train(test_mode="train", max_epochs=2)
+    module = Pix2Pix(*build_networks(TINY_MODEL, SIZE, 1, 3), train)
+    initial = {name: value.clone() for name, value in module.kept_generator.named_buffers()}
+    trainer = build_trainer(train)
+    trainer.fit(module, train_dataloaders=loader(), val_dataloaders=loader())
+    assert "val_psnr" in trainer.callback_metrics and module.generator_average.recent_batches == []
+    assert initial and all(torch.equal(value, initial[name]) for name, value in module.kept_generator.named_buffers())

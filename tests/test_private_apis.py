@@ -36,6 +36,17 @@ def test_torch_int_mm_multiplies_int8_into_exact_int32():
         pytest.fail(changed("torch", api, f"no longer gives the exact int32 product (got {product.dtype})"))
 
 
+def test_torch_dropout_nd_is_the_base_of_every_dropout():
+    api = "torch.nn.modules.dropout._DropoutNd (training.moving_average turns every dropout off by it)"
+    base = getattr(torch.nn.modules.dropout, "_DropoutNd", None)
+    if not isinstance(base, type):
+        pytest.fail(changed("torch", api, "is gone"))
+    kinds = [getattr(torch.nn, name) for name in dir(torch.nn) if "Dropout" in name]
+    outside = [kind.__name__ for kind in kinds if not issubclass(kind, base)]
+    if not kinds or outside:
+        pytest.fail(changed("torch", api, f"is not the base of {outside or 'any dropout'}"))
+
+
 class Refuses(mlflow.pyfunc.PythonModel):
     """A served model whose predict raises the exception class named in its one input row."""
 

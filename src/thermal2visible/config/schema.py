@@ -179,6 +179,9 @@ class TrainConfig:
     # the kept generator: an exponential moving average of the trained one (0: the trained one itself)
     ema_half_life_images: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)
     ema_ramp_up: Annotated[float, Field(ge=0)] = defines_weights(before=0.0)
+    # No `before`: the averages stored before this key moved their batch-norm statistics by a forward at every step,
+    # in training mode, which no number of images reproduces
+    ema_statistics_images: Annotated[int, Field(ge=1)] = defines_weights()
     keep_parked_runs: Annotated[int, Field(ge=0)] = run_setting()  # checkpoints/ holds at most this many + 1
 
 

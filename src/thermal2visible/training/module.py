@@ -88,9 +88,16 @@ class Pix2Pix(LightningModule):
         self.bad_steps = 0
         self.undo = StepUndo(generator, discriminator, train.update_rule)
         # With train.ema_half_life_images, the kept generator is a moving average of the trained one
-        # (moving_average.py); a submodule, so checkpoints hold it and resume it.
+        # (moving_average.py); a submodule, so checkpoints hold it and resume it. pix2pix's test mode normalises each
+        # image by its own statistics and never reads running ones: it keeps no batch to refresh them from.
         self.generator_average = (
-            MovingAverage(generator, train.ema_half_life_images, train.ema_ramp_up, train.batch_size)
+            MovingAverage(
+                generator,
+                train.ema_half_life_images,
+                train.ema_ramp_up,
+                train.batch_size,
+                statistics_images=train.ema_statistics_images if train.test_mode == "eval" else 0,
+            )
             if train.ema_half_life_images > 0
             else None
         )
@@ -238,6 +245,19 @@ class Pix2Pix(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.bad_steps = upgraded_checkpoint(checkpoint)["bad_steps"]
+
+    def on_train_epoch_start(self) -> None:
+        # The statistics come from this epoch's batches only: a run resumed from a checkpoint (written at an epoch's
+        # end, after its validation read them) starts an epoch and refreshes from the batches an uninterrupted run
+        # would, so the kept batches need no place in the checkpoint.
+        if self.generator_average is not None:
+            self.generator_average.recent_batches.clear()
+
+    def on_validation_start(self) -> None:
+        # Before the strategy's own hook, which under DDP gives every rank rank 0's buffers (GanDDPStrategy): each rank
+        # refreshes from its own batches, and every rank validates the statistics rank 0 refreshed and saves.
+        if self.generator_average is not None:
+            self.generator_average.refresh_statistics()
 
     def on_train_epoch_end(self) -> None:
         opt_g, _ = self.optimizers()
