@@ -39,7 +39,7 @@ from conftest import copy_without_store
 from test_recipes import shell_env
 from test_team_auth import auth_ini
 from thermal2visible.config.load import apply_override
-from thermal2visible.dev.containers import docker_missing
+from thermal2visible.dev.containers import docker_missing, remove_leftovers
 from thermal2visible.dev.servers import free_port, mlflow_app, stop_group
 
 pytestmark = pytest.mark.slow  # trainings, servers and DVC's queue, each a Python process
@@ -194,18 +194,7 @@ def a_docker_daemon(session: Session, text: str) -> dict[str, str]:
 def nothing_left_in_docker(name: str) -> None:
     """After the user's Ctrl-C no container of the image `name` is left, nor anything of its compose project (the
     one `make serve-replicas` names after the model): what is left is removed, then named."""
-    project = f"label=com.docker.compose.project={name}"
-    listings = {
-        ("ps", "-aq", "--filter", f"ancestor={name}"): ("rm", "-f"),
-        ("ps", "-aq", "--filter", project): ("rm", "-f"),
-        ("network", "ls", "-q", "--filter", project): ("network", "rm"),
-    }
-    left = {}
-    for listing, remove in listings.items():
-        found = subprocess.run(["docker", *listing], capture_output=True, text=True).stdout.split()
-        if found:
-            subprocess.run(["docker", *remove, *found], capture_output=True)
-            left[" ".join(listing)] = found
+    left = remove_leftovers(name, image=name)
     assert not left, f"left behind after Ctrl-C: {left}"
 
 

@@ -68,8 +68,24 @@ def replicas(project: Path, count: int, timeout_s: float = 600) -> Iterator[tupl
     try:
         with running(command, "/ping", port, project / "replicas.log", env, timeout_s) as url:
             yield url, name
-    finally:  # by compose's labels, what `up` left behind: stopped containers and the project's network
-        label = f"label=com.docker.compose.project={name}"
-        made = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True)
-        subprocess.run(["docker", "rm", "-f", *made.stdout.split()], capture_output=True)
-        subprocess.run(["docker", "network", "prune", "-f", "--filter", label], capture_output=True)
+    finally:  # what `up` left behind: stopped containers and the project's network
+        remove_leftovers(name)
+
+
+def remove_leftovers(compose_project: str, image: str | None = None) -> dict[str, list[str]]:
+    """Remove the containers and networks of `compose_project` (by compose's labels) and the containers of `image`;
+    what was found, by the listing that found it."""
+    label = f"label=com.docker.compose.project={compose_project}"
+    listings = {
+        ("ps", "-aq", "--filter", label): ("rm", "-f"),
+        ("network", "ls", "-q", "--filter", label): ("network", "rm"),
+    }
+    if image:
+        listings[("ps", "-aq", "--filter", f"ancestor={image}")] = ("rm", "-f")
+    found = {}
+    for listing, remove in listings.items():
+        identities = subprocess.run(["docker", *listing], capture_output=True, text=True).stdout.split()
+        if identities:
+            subprocess.run(["docker", *remove, *identities], capture_output=True)
+            found[" ".join(listing)] = identities
+    return found
