@@ -11,7 +11,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := 1
 
 
-.PHONY: setup demo exp test test-fast test-durations lint format serve image serve-replicas ui screenshots reclaim clean \
+.PHONY: setup demo exp test test-fast test-durations lint format serve image serve-replicas ui screenshots regen reclaim clean \
 	gpu-check
 
 # pip's own output and progress bars, each step announced: the install takes minutes
@@ -58,7 +58,15 @@ ui: setup  # `make ui PORT=5050` for another port
 	$(VENV)/bin/mlflow ui -h 127.0.0.1 -p $(UI_PORT)  # MLflow's default store: ./mlflow.db, as the stages use
 
 screenshots: setup
-	$(PY) -m thermal2visible.dev.ui
+	$(PY) -m tools.screenshots
+
+# What is written from the code rather than by hand: the stages' code deps in the pipeline files, the generated parts
+# of docs/pipeline.md, docs/contributing.md and MLproject, and docs/params.md. `make regen CHECK=1` changes nothing
+# and fails naming what is stale (the tests check each).
+regen: setup
+	$(PY) -m tools.stage_deps $(if $(CHECK),--check)
+	$(PY) -m tools.docs $(if $(CHECK),--check)
+	$(PY) -m tools.params_page $(if $(CHECK),--check)
 
 # One test process per core (pytest-xdist): the suite is CPU-bound (three processes on two cores did the same work no
 # faster). Each test module stays on one process, so its module-wide fixtures are built once, and the modules are
@@ -88,7 +96,7 @@ gpu-check:  # issue 58's GPU check on a CUDA machine (`make gpu-check ARGS=--dry
 # Everything the project can rebuild: checkpoints/ (every run's resume state), DVC's cache of files the workspace no
 # longer uses, the artifacts of deleted MLflow runs; each part named with its size first (docs/training.md)
 reclaim: setup
-	$(PY) -m thermal2visible.dev.reclaim
+	$(PY) -m thermal2visible.reclaim
 
 clean:
 	rm -rf $(VENV) data models checkpoints mlflow.db mlflow.db.lock mlruns mlartifacts reports/ingest_errors.json

@@ -36,7 +36,7 @@ from benchmarks.rounds import MachineLoad
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
-from thermal2visible.dev.results import new_dated_stem  # noqa: E402
+from pipelines.studies.results import new_dated_stem  # noqa: E402
 from thermal2visible.paths import PAPER_GPU, PARAMS  # noqa: E402
 
 quiet_lightning()

@@ -48,7 +48,7 @@ from benchmarks.common import (
     write_report,
 )
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
-from thermal2visible.dev.servers import free_port  # noqa: E402
+from tests.support.servers import free_port  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402
 from thermal2visible.models.networks import build_networks

@@ -40,7 +40,7 @@ from thermal2visible.data.cache import array_file, build_cache, load_manifest  #
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
 from thermal2visible.data.ingest import ingest  # noqa: E402
 from thermal2visible.data.synthetic import synthesize  # noqa: E402
-from thermal2visible.dev.results import new_dated_stem  # noqa: E402
+from pipelines.studies.results import new_dated_stem  # noqa: E402
 from thermal2visible.errors import ConfigError  # noqa: E402
 from thermal2visible.models.networks import build_networks  # noqa: E402
 from thermal2visible.paths import PARAMS  # noqa: E402
@@ -483,7 +483,7 @@ def served(check: Check) -> dict:
         raise Skip(f"mlflow not importable ({error}): carry its wheels (benchmarks/gpu_wheels.sh)") from None
     from PIL import Image
 
-    from thermal2visible.dev.servers import model_server
+    from tests.support.servers import model_server
     from thermal2visible.registry.packing import pyfunc_arguments
     from thermal2visible.inference.request_budget import ServedLimits
 

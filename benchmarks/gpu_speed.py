@@ -41,7 +41,7 @@ from benchmarks.rounds import measure_rounds, summarize  # noqa: E402
 from benchmarks.train_step import PlainPix2Pix, memory_batches  # noqa: E402
 from thermal2visible.data.cache import array_file  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule  # noqa: E402
-from thermal2visible.dev.results import new_dated_stem  # noqa: E402
+from pipelines.studies.results import new_dated_stem  # noqa: E402
 from thermal2visible.onnx_export import cache_to_model_input, export_generator  # noqa: E402
 from thermal2visible.inference.session import onnx_session, run_onnx  # noqa: E402
 from thermal2visible.models.networks import build_networks  # noqa: E402

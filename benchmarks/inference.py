@@ -58,7 +58,7 @@ from benchmarks.common import (
 from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summarize  # noqa: E402
 from thermal2visible.models.payloads import load_generator, save_generator  # noqa: E402
 from thermal2visible.data.cache import load_manifest  # noqa: E402
-from thermal2visible.dev.servers import model_server  # noqa: E402
+from tests.support.servers import model_server  # noqa: E402
 from thermal2visible.onnx_export import (
     cache_to_model_input,
     export_generator,

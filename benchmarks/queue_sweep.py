@@ -33,10 +33,10 @@ from mlflow import MlflowClient  # noqa: E402
 from benchmarks.common import PROJECT, add_report_option, machine_text, result_file, result_stem, write_report  # noqa: E402
 from benchmarks.rounds import measure_rounds  # noqa: E402
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
-from thermal2visible.dev.projects import copy_project  # noqa: E402
-from thermal2visible.dev.servers import quiet_env  # noqa: E402
+from tests.support.projects import copy_project  # noqa: E402
+from tests.support.servers import quiet_env  # noqa: E402
 from thermal2visible.paths import GENERATOR  # noqa: E402
-from thermal2visible.studies.queue import DVC, dvc, queue, wait_for, wait_for_workers  # noqa: E402
+from pipelines.studies.queue import DVC, dvc, queue, wait_for, wait_for_workers  # noqa: E402
 
 TINY = PROJECT / "params" / "tiny.yaml"
 

@@ -37,7 +37,7 @@ from PIL import Image
 
 from benchmarks.common import SHIPPED, add_report_option, markdown_table, result_file, result_stem, write_report
 from benchmarks.rest_load import served_model
-from thermal2visible.dev.servers import (
+from tests.support.servers import (
     cpu_seconds,
     listening_pid,
     memory_mib,

@@ -46,7 +46,7 @@ from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import IMAGE  # noqa: E402
 from thermal2visible.registry.packing import pyfunc_arguments  # noqa: E402
 
-from thermal2visible.dev.servers import model_server  # noqa: E402
+from tests.support.servers import model_server  # noqa: E402
 
 
 def served_model(folder: Path, size: int, ngf: int) -> Path:

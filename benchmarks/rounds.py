@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from thermal2visible.dev.servers import process_ticks, process_tree
+from tests.support.servers import process_ticks, process_tree
 
 STEAL_LIMIT = 0.05  # share of the machine's CPU time stolen by the hypervisor
 FOREIGN_LIMIT = 0.10  # share of the machine's CPU time used by processes outside this benchmark

@@ -6,7 +6,7 @@ With --test, each run is also scored on the test split by the evaluate stage (PS
 for the setup already chosen, whose figure is to be reported, so that no choice is made on the test faces.
 
 All are real `pipelines/train.py` and `pipelines/evaluate.py` runs on the demo data (this project's data/ingested,
-preprocessed once by pipelines/preprocess.py), each in a scratch project (thermal2visible.studies.scratch), logged to
+preprocessed once by pipelines/preprocess.py), each in a scratch project (pipelines.studies.scratch), logged to
 the project's MLflow store under one parent run. Seeds are rounds: each trains every setup, in rotated order, so
 drift of the machine hits every setup alike. Quality does not depend on the machine's load, the wall times do.
 
@@ -41,7 +41,7 @@ from benchmarks.rounds import rotated  # noqa: E402
 
 from thermal2visible.config.load import load_params  # noqa: E402
 from thermal2visible.paths import PARAMS  # noqa: E402
-from thermal2visible.studies.scratch import evaluate_child, prepare_cache, train_child  # noqa: E402
+from pipelines.studies.scratch import evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 
 SCORES = {

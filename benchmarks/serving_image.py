@@ -25,8 +25,8 @@ from pathlib import Path
 from benchmarks.common import add_report_option, result_stem, write_report
 from benchmarks.rest_load import load
 from benchmarks.rounds import measure_rounds, ratio_text, summarize
-from thermal2visible.dev.containers import build_image, container, docker_missing, replicas
-from thermal2visible.dev.servers import model_server
+from tests.support.containers import build_image, container, docker_missing, replicas
+from tests.support.servers import model_server
 from thermal2visible.inference.serving import IMAGE
 
 FRAME = Path("data/raw/thermal/person_00/000.png")  # the README's client example

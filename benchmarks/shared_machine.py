@@ -44,7 +44,7 @@ from benchmarks.inference import request_frame
 from benchmarks.rest_load import client, served_model
 from benchmarks.rounds import measure_rounds
 from thermal2visible.data.datamodule import PairedDataModule
-from thermal2visible.dev.servers import model_server
+from tests.support.servers import model_server
 from thermal2visible.inference.serving import IMAGE
 from thermal2visible.models.networks import build_networks
 from thermal2visible.training.module import Pix2Pix

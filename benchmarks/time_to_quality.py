@@ -16,7 +16,7 @@ another, and params.yaml's cap on epochs unless --max-epochs sets another: both 
 the equal budgets are wanted: at batch 1 it is the longest run of a round.
 The runs are interleaved (benchmarks/rounds.py): each round trains every setup with that round's seed, in rotated
 order; the time to the target counts from the run's start to the MLflow timestamp of the first epoch whose smoothed
-PSNR reaches the pix2pix default's best in the same round. The child-run machinery is thermal2visible.studies.scratch.
+PSNR reaches the pix2pix default's best in the same round. The child-run machinery is pipelines.studies.scratch.
 
 Writes a new benchmarks/results/<date>-time_to_quality.json and .png (--report names them otherwise, --out puts
 them at a path of your choice).
@@ -53,7 +53,7 @@ from benchmarks.rounds import measure_rounds, plot_speedups, ratio_text, summari
 
 from thermal2visible.config.load import load_params, preset_overrides  # noqa: E402
 from thermal2visible.paths import PARAMS, PIX2PIX_DEFAULT  # noqa: E402
-from thermal2visible.studies.scratch import evaluate_child, prepare_cache, train_child  # noqa: E402
+from pipelines.studies.scratch import evaluate_child, prepare_cache, train_child  # noqa: E402
 from thermal2visible.tracking.store import tracking_uri  # noqa: E402
 
 PAPER, PROJECT = "pix2pix default (batch 1, fp32)", "project default (params.yaml)"

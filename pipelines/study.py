@@ -40,12 +40,12 @@ from thermal2visible.cli import run_stage
 from thermal2visible.errors import ConfigError
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.config.schema import Params
-from thermal2visible.dev.results import new_dated_stem
+from studies.results import new_dated_stem
 from thermal2visible.paths import PARAMS, QUICK_STUDY, STUDY_REPORTS, TRAIN_METRICS
-from thermal2visible.studies.queue import queue, require_repository, run_queue
-from thermal2visible.studies.reports import batch_study, dB, experiments_line, lr_study, quality_study, speed_study
-from thermal2visible.studies.runs import trained_run
-from thermal2visible.studies.scratch import evaluate_child, prepare_cache, train_child
+from studies.queue import queue, require_repository, run_queue
+from studies.reports import batch_study, dB, experiments_line, lr_study, quality_study, speed_study
+from studies.runs import trained_run
+from studies.scratch import evaluate_child, prepare_cache, train_child
 from thermal2visible.tracking.store import tracking_uri
 
 QUEUED_STUDIES = ("batch", "lr")  # sweeps of params.yaml; the others time their runs one at a time

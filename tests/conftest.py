@@ -34,8 +34,8 @@ import thermal2visible.training.spin  # noqa: E402, F401 (before torch: OpenMP's
 from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402
-from thermal2visible.dev.projects import copy_project  # noqa: E402
-from thermal2visible.dev.servers import quiet_env  # noqa: E402
+from tests.support.projects import copy_project  # noqa: E402
+from tests.support.servers import quiet_env  # noqa: E402
 
 pytest_plugins = ["longest_first"]  # the order of the modules: longest first
 
@@ -103,7 +103,7 @@ def run_benchmark():
 def tracking_uri(tmp_path_factory):
     """A real `mlflow server` on 127.0.0.1 for the whole session, its store in a temporary folder; tests that share
     it keep apart by their own model and experiment names."""
-    from thermal2visible.dev.servers import mlflow_server
+    from tests.support.servers import mlflow_server
 
     with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
         yield uri

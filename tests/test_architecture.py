@@ -2,7 +2,7 @@
 
 import graphlib
 
-from thermal2visible.dev import docs
+from tools import docs
 from thermal2visible.imports import PACKAGE, part_imports
 
 
@@ -17,6 +17,6 @@ def test_no_part_of_the_package_imports_a_part_that_imports_it_back():
 def test_the_contributors_diagram_is_the_imports():
     page = (PACKAGE.parents[1] / docs.CONTRIBUTING).read_text()
     assert docs.between(page, docs.PARTS_BEGIN, docs.PARTS_END, docs.parts_diagram(part_imports())) == page, (
-        "docs/contributing.md's diagram is stale: run python -m thermal2visible.dev.docs"
+        "docs/contributing.md's diagram is stale: run make regen"
     )
     assert "  training --> models" in page  # a real edge, drawn

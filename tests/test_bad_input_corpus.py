@@ -18,7 +18,7 @@ import requests
 from corpus import bad_requests, write_bad_files, write_bad_videos
 from mlflow import MlflowClient
 from thermal2visible.paths import MANIFEST
-from thermal2visible.dev.servers import mlflow_server, model_server
+from tests.support.servers import mlflow_server, model_server
 from shipped import SHIPPED, shipped
 from tiny_model import export_tiny, register_tiny
 

@@ -21,7 +21,7 @@ from PIL import Image
 from shipped import shipped
 from tiny_model import export_tiny, saved_pyfunc
 
-from thermal2visible.dev.servers import cpu_seconds, listening_pid, memory_mib, model_server
+from tests.support.servers import cpu_seconds, listening_pid, memory_mib, model_server
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import IMAGE, png_bytes, to_base64
 

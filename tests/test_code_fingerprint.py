@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from thermal2visible.dev.projects import copy_project
+from tests.support.projects import copy_project
 from thermal2visible.imports import PACKAGE
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric
-from thermal2visible.dev.servers import mlflow_server
+from tests.support.servers import mlflow_server
 
 from thermal2visible.tracking.store import ensure_experiment, open_store, store_lock
 

@@ -24,7 +24,7 @@ import requests
 from conftest import copy_without_store
 from test_guides import BLOCK, INSTALLS
 from test_team_server import PG_BIN, as_postgres, postgres_missing
-from thermal2visible.dev.servers import free_port, quiet_env, running
+from tests.support.servers import free_port, quiet_env, running
 
 pytestmark = pytest.mark.slow  # every recipe runs in bash, its commands Python processes
 REPO = Path(__file__).resolve().parents[1]

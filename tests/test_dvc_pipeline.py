@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from thermal2visible import paths
-from thermal2visible.dev.stage_deps import ROOT as REPO
-from thermal2visible.dev import docs
+from tools.stage_deps import ROOT as REPO
+from tools import docs
 from thermal2visible.imports import PACKAGE
-from thermal2visible.dev.stage_deps import derived
+from tools.stage_deps import derived
 from thermal2visible.imports import import_closure
 from thermal2visible.paths import MANIFEST
 
@@ -60,17 +60,15 @@ def stage_scripts():
 
 @pytest.mark.parametrize("pipeline", paths.PIPELINE_FILES, ids=str)
 def test_dvc_yaml_holds_the_code_deps_its_stages_import(pipeline):
-    """Every stage depends on each package file its script imports, as thermal2visible.dev.stage_deps derives them."""
+    """Every stage depends on each package file its script imports, as tools.stage_deps derives them."""
     text = (REPO / pipeline).read_text()
-    assert derived(text) == text, f"{pipeline}'s code deps are stale: run python -m thermal2visible.dev.stage_deps"
+    assert derived(text) == text, f"{pipeline}'s code deps are stale: run make regen"
 
 
 def test_the_docs_stage_table_is_written_from_dvc_yaml():
     """docs/pipeline.md's diagram and table come from dvc.yaml: every stage has its row, each edge is a real dep."""
     doc, stages = (REPO / docs.DOC).read_text(), docs.resolved_stages(REPO)
-    assert docs.derived(doc, stages) == doc, (
-        "docs/pipeline.md's stage table is stale: run python -m thermal2visible.dev.docs"
-    )
+    assert docs.derived(doc, stages) == doc, "docs/pipeline.md's stage table is stale: run make regen"
     assert all(f"| {name} | `{stage['cmd'].split()[1]}` |" in doc for name, stage in stages.items())
     assert "  train --> evaluate" in doc and "  evaluate --> train" not in doc
 
@@ -79,7 +77,7 @@ def test_mlproject_has_an_entry_point_per_stage_written_from_the_pipeline_files(
     """`mlflow run . -e STAGE` exists for every stage DVC knows, a new one included, each running its DVC target."""
     text = (REPO / docs.MLPROJECT).read_text()
     written = docs.between(text, docs.ENTRIES_BEGIN, docs.ENTRIES_END, docs.entry_points(docs.stage_targets(REPO)))
-    assert written == text, "MLproject's entry points are stale: run python -m thermal2visible.dev.docs"
+    assert written == text, "MLproject's entry points are stale: run make regen"
     entry_points = yaml.safe_load(text)["entry_points"]
     assert set(entry_points) == {"main", *docs.resolved_stages(REPO)}
     assert entry_points["synthesize"]["command"].split()[3] == "data/dvc.yaml:synthesize"
@@ -90,7 +88,7 @@ def test_mlproject_has_an_entry_point_per_stage_written_from_the_pipeline_files(
 def test_the_contributors_page_lists_every_module_of_the_package_from_its_docstring():
     readme = (REPO / docs.CONTRIBUTING).read_text()
     assert docs.between(readme, docs.PACKAGES_BEGIN, docs.PACKAGES_END, docs.modules_table(PACKAGE)) == readme, (
-        "docs/contributing.md's module table is stale: run python -m thermal2visible.dev.docs"
+        "docs/contributing.md's module table is stale: run make regen"
     )
     for path in PACKAGE.rglob("*.py"):
         if path.stem != "__init__":
@@ -148,8 +146,7 @@ def test_each_stage_path_is_written_once_in_dvc_yaml_vars_and_the_code_takes_it_
         for kind in docs.WRITES
         for path in docs.paths(stage.get(kind))
     ]
-    assert sorted(declared) == sorted(paths.LAYOUT.values())
-    assert set(declared) <= {str(value) for value in vars(paths).values() if isinstance(value, Path)}
+    assert sorted(declared) == sorted(map(str, paths.stage_paths().values()))
 
 
 @pytest.mark.slow  # a real dvc repro

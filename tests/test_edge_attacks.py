@@ -22,7 +22,7 @@ from PIL import Image
 from shipped import shipped
 from tiny_model import export_tiny, saved_pyfunc
 
-from thermal2visible.dev.servers import cpu_seconds, listening_pid, memory_mib, model_server, process_ticks
+from tests.support.servers import cpu_seconds, listening_pid, memory_mib, model_server, process_ticks
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import png_bytes
 

@@ -39,8 +39,8 @@ from conftest import copy_without_store
 from test_recipes import shell_env
 from test_team_auth import auth_ini
 from thermal2visible.config.load import apply_override
-from thermal2visible.dev.containers import docker_missing, remove_leftovers
-from thermal2visible.dev.servers import free_port, mlflow_app, stop_group
+from tests.support.containers import docker_missing, remove_leftovers
+from tests.support.servers import free_port, mlflow_app, stop_group
 
 pytestmark = pytest.mark.slow  # trainings, servers and DVC's queue, each a Python process
 REPO = Path(__file__).resolve().parents[1]

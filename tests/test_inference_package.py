@@ -1,4 +1,4 @@
-"""The inference package stands apart: no module of it reaches training, tracking, study or dev code, so the served
+"""The inference package stands apart: no module of it reaches training, tracking or registry code, so the served
 model, which packs serving.py and what it imports (packing.packed_files), carries none of it. (The packed code of a
 registered model is loaded alone in tests/test_serving.py.)"""
 
@@ -6,14 +6,14 @@ from thermal2visible.imports import PACKAGE, import_closure
 from thermal2visible.registry.packing import packed_files
 
 INFERENCE = PACKAGE / "inference"
-APART_FROM = ("training", "tracking", "studies", "dev")  # subpackages the served model never needs
+APART_FROM = ("training", "tracking", "registry")  # subpackages the served model never needs
 
 
 def package_files(closure: set) -> set[str]:
     return {str(path.relative_to(PACKAGE)) for path in closure}
 
 
-def test_no_inference_module_imports_training_tracking_study_or_dev_code():
+def test_no_inference_module_imports_training_tracking_or_registry_code():
     for module in sorted(INFERENCE.glob("*.py")):
         reached = sorted(name for name in package_files(import_closure(module)) if name.split("/")[0] in APART_FROM)
         assert not reached, f"{module.name} imports {reached}"

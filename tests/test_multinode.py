@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow import MlflowClient
-from thermal2visible.dev.servers import free_port
+from tests.support.servers import free_port
 
 from thermal2visible.models.networks import build_generator
 

@@ -70,7 +70,7 @@ def test_a_stage_is_its_script_its_dvc_entry_and_its_params(project_copy):
         params.write("thumbnails:\n  side: 16\n")
 
     for generator in ("stage_deps", "docs"):  # what the docs say to run after adding a stage
-        assert run([sys.executable, "-m", f"thermal2visible.dev.{generator}"], project).returncode == 0
+        assert run([sys.executable, "-m", f"tools.{generator}"], project).returncode == 0
     stage = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]["thumbnails"]
     assert {"src/thermal2visible/cli.py", "src/thermal2visible/config/schema.py"} <= set(stage["deps"])
     assert "| thumbnails | `pipelines/thumbnails.py` | `thumbnails.*` |" in (project / "docs/pipeline.md").read_text()

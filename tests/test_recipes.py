@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from conftest import copy_without_store
 from thermal2visible.config.load import load_params
-from thermal2visible.dev.servers import quiet_env
+from tests.support.servers import quiet_env
 from thermal2visible.registry.gate import CHAMPION, registered_model_name
 
 REPO = Path(__file__).resolve().parents[1]

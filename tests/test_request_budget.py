@@ -20,7 +20,7 @@ from shipped import shipped
 from tiny_model import export_tiny, saved_pyfunc as saved
 
 from thermal2visible.data.images import BadImage, image_size
-from thermal2visible.dev.servers import cpu_seconds, listening_pid, model_server
+from tests.support.servers import cpu_seconds, listening_pid, model_server
 from thermal2visible.inference.rest import scoring_app
 from thermal2visible.inference.request_budget import ServedLimits, Work
 from thermal2visible.inference.serving import IMAGE, to_base64

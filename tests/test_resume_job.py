@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from thermal2visible.dev.servers import free_port
+from tests.support.servers import free_port
 from thermal2visible.errors import PipelineError
 from thermal2visible.training.resume import STAMP
 

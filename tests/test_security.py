@@ -18,7 +18,7 @@ import pytest
 import tifffile
 import torch
 from PIL import Image
-from thermal2visible.dev.servers import MLFLOW, free_port, quiet_env, running
+from tests.support.servers import MLFLOW, free_port, quiet_env, running
 from shipped import shipped
 from tiny_model import export_tiny
 

@@ -24,7 +24,7 @@ import yaml
 from PIL import Image
 from shipped import SHIPPED_TEXT, shipped
 from thermal2visible.errors import PipelineError
-from thermal2visible.dev.servers import free_port, listening_pid, model_server, quiet_env, running
+from tests.support.servers import free_port, listening_pid, model_server, quiet_env, running
 from conftest import run_script
 from tiny_model import export_tiny, register_tiny
 

@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from test_bounded_work import stalled_upload
-from thermal2visible.dev.containers import build_image, container, docker_missing, replicas
-from thermal2visible.dev.servers import PROJECT, model_server
+from tests.support.containers import build_image, container, docker_missing, replicas
+from tests.support.servers import PROJECT, model_server
 
 # the first test builds the tiny pipeline and the image (debootstrap's base, the server's libraries)
 pytestmark = [

@@ -14,9 +14,9 @@ import pytest
 from mlflow import MlflowClient
 
 from benchmarks.queue_sweep import tiny_project
-from thermal2visible.dev.servers import quiet_env
+from tests.support.servers import quiet_env
 from thermal2visible.paths import TRAIN_METRICS
-from thermal2visible.studies.queue import shown_experiments
+from pipelines.studies.queue import shown_experiments
 from figures import assert_drawn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,6 +162,7 @@ def test_quality_study_trains_every_configuration_for_the_same_budget_and_grids_
 
 
 def test_a_study_writes_new_dated_files_and_replaces_files_only_under_out(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(REPO / "pipelines")  # as running the script puts its folder first
     spec = importlib.util.spec_from_file_location("study_script", REPO / "pipelines" / "study.py")
     study = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(study)

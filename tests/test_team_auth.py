@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import requests
 from test_team_server import project_ready_to_register
-from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env, running
+from tests.support.servers import free_port, mlflow_app, quiet_env, running
 from thermal2visible.inference.serving import IMAGE, png_bytes, to_base64
 
 pytestmark = pytest.mark.slow

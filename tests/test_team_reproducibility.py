@@ -30,10 +30,10 @@ from PIL import Image
 from conftest import copy_without_store
 from thermal2visible.config.load import load_params
 from thermal2visible.data.synthetic import synthesize
-from thermal2visible.dev.servers import free_port, mlflow_server, quiet_env, running
+from tests.support.servers import free_port, mlflow_server, quiet_env, running
 from thermal2visible.registry.gate import CHAMPION, registered_model_name
 from thermal2visible.models.payloads import load_generator
-from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT, LAYOUT
+from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT, stage_paths
 from thermal2visible.records import read_record
 from thermal2visible.tracking.publish import evaluation_metrics
 from thermal2visible.tracking.digests import file_digest
@@ -159,7 +159,7 @@ def test_every_metrics_file_holds_numbers_only(pushed):
         return [leaf for value in node.values() for leaf in (leaves(value) if isinstance(value, dict) else [value])]
 
     collect(json.loads(shown.stdout))
-    declared = {path for key, path in LAYOUT.items() if key.endswith("_metrics")}
+    declared = {str(path) for key, path in stage_paths().items() if key.endswith("_METRICS")}
     assert set(files) == declared
     for path, record in files.items():
         assert leaves(record) and all(type(leaf) in (int, float) for leaf in leaves(record)), (path, record)

@@ -21,7 +21,7 @@ import mlflow.artifacts
 import pytest
 from mlflow import MlflowClient
 from thermal2visible.paths import CACHE
-from thermal2visible.dev.servers import free_port, mlflow_app, quiet_env
+from tests.support.servers import free_port, mlflow_app, quiet_env
 from thermal2visible.tracking.store import open_store
 from tiny_model import export_tiny, write_stage_record
 

@@ -17,7 +17,7 @@ from mlflow.server import get_app_client
 from PIL import Image
 from test_team_auth import as_user, auth_ini, run_script
 from test_team_server import project_ready_to_register
-from thermal2visible.dev.servers import mlflow_app
+from tests.support.servers import mlflow_app
 from thermal2visible.registry.version_files import trusted_model_uri
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import requests
 import tifffile
 from corpus import write_video
 from PIL import Image
-from thermal2visible.dev.servers import model_server
+from tests.support.servers import model_server
 from shipped import shipped
 from tiny_model import export_tiny
 

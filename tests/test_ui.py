@@ -10,7 +10,7 @@ from thermal2visible.config.load import load_params
 from thermal2visible.registry.gate import registered_model_name
 from thermal2visible.paths import CACHE
 from thermal2visible.tracking.digests import data_hash
-from thermal2visible.dev.ui import CHARTS, experiment_page, mlflow_ui, render, run_page, version_page
+from tools.screenshots import CHARTS, experiment_page, mlflow_ui, render, run_page, version_page
 
 pytestmark = [
     pytest.mark.slow,

@@ -139,7 +139,7 @@ def test_reclaim_frees_what_it_says(tmp_path):
     (tmp_path / "checkpoints" / ("a" * 16) / "last.ckpt").write_bytes(b"x" * 700_000)
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x" * 100_000)
 
-    output = run([sys.executable, "-m", "thermal2visible.dev.reclaim"], tmp_path)
+    output = run([sys.executable, "-m", "thermal2visible.reclaim"], tmp_path)
     assert "reclaim: removing checkpoints/ (0.8 MB: the resume state of 2 run(s), current and parked;" in output
     assert "1 deleted MLflow run(s)" in output and "(0.4 MB of artifacts)" in output
     assert output.splitlines()[-1] == (
@@ -151,11 +151,11 @@ def test_reclaim_frees_what_it_says(tmp_path):
     assert [run.info.run_id for run in client.search_runs([experiment], run_view_type=ViewType.ALL)] == [kept]
     assert not any((tmp_path / "mlruns").rglob(f"{deleted}.bin")) and any((tmp_path / "mlruns").rglob(f"{kept}.bin"))
     # and once more: nothing left to free
-    assert run([sys.executable, "-m", "thermal2visible.dev.reclaim"], tmp_path).splitlines()[-1] == (
+    assert run([sys.executable, "-m", "thermal2visible.reclaim"], tmp_path).splitlines()[-1] == (
         "reclaim: freed 0.0 MB (checkpoints 0.0 MB, DVC cache 0.0 MB, deleted MLflow runs 0.0 MB)"
     )
 
 
 def test_make_reclaim_runs_the_reclaim_command():
     dry = subprocess.run(["make", "-n", "reclaim"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert "-m thermal2visible.dev.reclaim" in dry
+    assert "-m thermal2visible.reclaim" in dry

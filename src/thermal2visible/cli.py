@@ -12,7 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from thermal2visible.paths import PARAMS, RAW
+from thermal2visible import paths
+from thermal2visible.paths import PARAMS
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import ConfigError, PipelineError
@@ -41,7 +42,7 @@ def server_refusal(error: Exception, params: Params, grant: str) -> str | None:
     refused = f" {endpoint[1]}" if endpoint else ""
     # the settings team_users.py names the experiment and registered model by (registry.gate's rule)
     settings = [f"data.source={params.data.source}"]
-    settings += [f"synthesize.scene={params.synthesize.scene}"] if Path(params.data.source) == RAW else []
+    settings += [f"synthesize.scene={params.synthesize.scene}"] if Path(params.data.source) == paths.RAW else []
     pinned = params.register.model_name != "auto"  # auto: named after the data (registry.gate)
     settings += [f"register.model_name={params.register.model_name}"] if pinned else []
     command = " ".join([f"python {TEAM_USERS} --{grant.lower()} {user}"] + [f"--set {setting}" for setting in settings])

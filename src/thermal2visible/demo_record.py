@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from thermal2visible.paths import EVAL_METRICS, GENERATOR
+from thermal2visible import paths
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
 from thermal2visible.tracking.store import tracking_uri
 from thermal2visible.training.threads import BUSY_TAG
@@ -54,8 +54,8 @@ def record_lines() -> list[str]:
     if not changed:
         return []
     parts = [part for part in RECORD if any(name == part or name.startswith(f"{part}/") for name in changed)]
-    committed = psnr_of(git("show", f"HEAD:{EVAL_METRICS.as_posix()}").stdout)
-    here = psnr_of(EVAL_METRICS.read_text()) if EVAL_METRICS.is_file() else None
+    committed = psnr_of(git("show", f"HEAD:{paths.EVAL_METRICS.as_posix()}").stdout)
+    here = psnr_of(paths.EVAL_METRICS.read_text()) if paths.EVAL_METRICS.is_file() else None
     scores = f": test PSNR {here:.2f} dB here, {committed:.2f} dB committed" if None not in (here, committed) else ""
     return [
         f"The record is now this machine's ({', '.join(parts)} differ from the committed ones; another CPU kind "
@@ -67,7 +67,7 @@ def record_lines() -> list[str]:
 def busy_notice() -> str | None:
     """The notice of the training that wrote models/generator.pt (its MLflow run's tag), if other processes kept
     its cores busy."""
-    if not GENERATOR.is_file():
+    if not paths.GENERATOR.is_file():
         return None
     from mlflow import MlflowClient  # here: only a finished demo pays for MLflow's import
 
@@ -77,7 +77,7 @@ def busy_notice() -> str | None:
     client = MlflowClient(uri)
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     found = client.search_runs(
-        experiments, f"tags.{GENERATOR_DIGEST} = '{file_digest(GENERATOR)}'", order_by=["start_time DESC"]
+        experiments, f"tags.{GENERATOR_DIGEST} = '{file_digest(paths.GENERATOR)}'", order_by=["start_time DESC"]
     )
     notice = next((run.data.tags[BUSY_TAG] for run in found if BUSY_TAG in run.data.tags), None)
     return f"While it trained, {notice}." if notice else None

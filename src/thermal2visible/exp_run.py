@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
@@ -27,6 +28,12 @@ from thermal2visible.models.networks import check_networks
 from thermal2visible.training.precision import resolve_accelerator
 
 MLPROJECT_USAGE = 'the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"'
+
+
+def this_python_first(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with this interpreter's folder first on PATH: the stages DVC runs call `python` by name, and it must be
+    this environment's even where the venv is not active."""
+    return {**env, "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")}
 
 
 def dvc_command(stage: str, settings: list[str], queue: bool = False, name: str | None = None) -> list[str]:
@@ -67,8 +74,7 @@ def main(argv: list[str]) -> None:
         refuse_unrunnable(settings)
     except ConfigError as error:
         sys.exit(f"error: {error}\nnothing was run or changed")
-    # The stages run `python` from PATH: make it this interpreter's environment even where the venv is not active.
-    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    os.environ["PATH"] = this_python_first(os.environ)["PATH"]
     command = dvc_command(args.stage, settings, args.queue, args.name)
     print("+", " ".join(command), flush=True)
     os.execvp(command[0], command)

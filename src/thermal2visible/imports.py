@@ -1,6 +1,6 @@
 """The package files a script runs: itself and every `thermal2visible` module it imports, transitively (function-level
 imports too, and the modules of a package found with `package_modules`), read from the source with `ast` rather than
-by importing it. What a DVC stage depends on (thermal2visible.dev.stage_deps), what a registered model packs
+by importing it. What a DVC stage depends on (tools.stage_deps), what a registered model packs
 (inference.serving) and the code a training's fingerprint holds (`code_digest`) are derived from it."""
 
 from __future__ import annotations

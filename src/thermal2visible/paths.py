@@ -1,51 +1,57 @@
 """Where every stage reads and writes, relative to the project folder. The stages' paths are written once, in the
-`vars` of the pipeline files (their stages declare them as `${paths.…}`), and read from there; the project's own
-folders are below."""
+`vars` of the pipeline files (their stages declare them as `${paths.…}`), and read from there when first used, as
+this module's attributes in capitals (`paths.RAW` is `paths.raw` there); the project's own folders are below."""
 
+from functools import cache
 from pathlib import Path
 
 import yaml
 
-# The project's pipeline files beside the package's src/ folder, wherever the command runs from: the built-in data's
-# stage has one of its own (data/dvc.yaml), so that `dvc repro` runs it only while data.source is its output.
-PROJECT = Path(__file__).parents[2]
+from thermal2visible.errors import PipelineError
+
+# The built-in data's stage has a pipeline file of its own (data/dvc.yaml), so that `dvc repro` runs it only while
+# data.source is its output.
 PIPELINE_FILES = (Path("data/dvc.yaml"), Path("dvc.yaml"))
-for _pipeline in PIPELINE_FILES:
-    if not (PROJECT / _pipeline).is_file():
-        raise ImportError(
-            f"{PROJECT / _pipeline}: missing; thermal2visible reads its stages' paths from the pipeline files of the "
-            "project it belongs to: install it from the project folder (pip install -e .)"
-        )
-LAYOUT = {
-    name: path
-    for pipeline in PIPELINE_FILES
-    for entry in yaml.safe_load((PROJECT / pipeline).read_text())["vars"]
-    if isinstance(entry, dict) and "paths" in entry
-    for name, path in entry["paths"].items()
-}
-RAW = Path(LAYOUT["raw"])
-INGESTED = Path(LAYOUT["ingested"])
-INDEX = INGESTED / "index.json"
-INGEST_ERRORS = Path(LAYOUT["ingest_errors"])
-CACHE = Path(LAYOUT["cache"])
 MANIFEST = "manifest.json"  # in every cache folder: what it holds and where it came from
-ALIGN_REPORT = Path(LAYOUT["align_report"])
-ALIGN_OVERLAY = Path(LAYOUT["align_overlay"])
-DROPPED = Path(LAYOUT["dropped"])
-RECOGNIZER = Path(LAYOUT["recognizer"])
-RECOGNIZER_METRICS = Path(LAYOUT["recognizer_metrics"])
-GENERATOR = Path(LAYOUT["generator"])
-TRAIN_METRICS = Path(LAYOUT["train_metrics"])
-PSNR_CSV = Path(LAYOUT["psnr_csv"])
-PSNR_CURVE = Path(LAYOUT["psnr_curve"])
-EVAL_METRICS = Path(LAYOUT["eval_metrics"])
-EVAL_REPORT = Path(LAYOUT["eval_report"])
-EVAL_GRID = Path(LAYOUT["eval_grid"])
-ONNX = Path(LAYOUT["onnx"])
-EXPORT_METRICS = Path(LAYOUT["export_metrics"])
-EXPORT_REPORT = Path(LAYOUT["export_report"])
-# Written by export only with export.int8: an output dvc.yaml cannot declare for some params and not others.
-ONNX_INT8 = ONNX.with_suffix(".int8.onnx")
+
+
+def project() -> Path:
+    """The project whose pipeline files name the stages' paths: the checkout this package is installed from
+    (`pip install -e .`), else the working folder, which is the project's for every stage DVC runs."""
+    checkout = Path(__file__).resolve().parents[2]
+    return checkout if all((checkout / name).is_file() for name in PIPELINE_FILES) else Path.cwd()
+
+
+@cache
+def stage_paths() -> dict[str, Path]:
+    """Each path the pipeline files' `vars` name, by its attribute name."""
+    folder = project()
+    for pipeline in PIPELINE_FILES:
+        if not (folder / pipeline).is_file():
+            raise PipelineError(
+                f"{folder / pipeline}: missing; the stages' paths are read from the project's pipeline files: run "
+                "this from the project folder"
+            )
+    return {
+        name.upper(): Path(path)
+        for pipeline in PIPELINE_FILES
+        for entry in yaml.safe_load((folder / pipeline).read_text())["vars"]
+        if isinstance(entry, dict) and "paths" in entry
+        for name, path in entry["paths"].items()
+    }
+
+
+def __getattr__(name: str) -> Path:
+    if name == "INDEX":
+        return __getattr__("INGESTED") / "index.json"
+    if name == "ONNX_INT8":  # written by export only with export.int8: dvc.yaml cannot declare it for some params
+        return __getattr__("ONNX").with_suffix(".int8.onnx")
+    # Private and lower-case names are never stage paths: introspection asking for them gets its AttributeError
+    # without reading any pipeline file.
+    if name.isupper() and name in stage_paths():
+        return stage_paths()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Not stage outputs: the project's own folders, reports that commands outside the pipeline write, and the train
 # stage's resume state (a means to an output, not a result: it never travels through a DVC remote).

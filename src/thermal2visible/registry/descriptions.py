@@ -12,12 +12,12 @@ from mlflow.exceptions import MlflowException
 
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
-from thermal2visible.paths import RAW
+from thermal2visible import paths
 from thermal2visible.registry.version_files import REGISTRY_URI
 
 
 def dataset(params: Params) -> str:
-    if Path(params.data.source) == RAW:
+    if Path(params.data.source) == paths.RAW:
         built_in = params.synthesize
         return f"the built-in {built_in.scene} scene ({built_in.identities} people, seed {built_in.seed})"
     return f"{params.data.source} ({params.data.layout})"

@@ -35,7 +35,7 @@ from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.registry.packing import pyfunc_arguments
-from thermal2visible.paths import RAW
+from thermal2visible import paths
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -63,7 +63,7 @@ def registered_model_name(params: Params) -> str:
     if params.register.model_name != AUTO:
         return params.register.model_name
     source = Path(params.data.source)
-    dataset = params.synthesize.scene if source == RAW else source.resolve().name
+    dataset = params.synthesize.scene if source == paths.RAW else source.resolve().name
     return f"{params.mlflow.experiment}-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset)
 
 

@@ -14,17 +14,7 @@ import csv
 
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
-from thermal2visible.paths import (
-    ALIGN_OVERLAY,
-    ALIGN_REPORT,
-    EVAL_GRID,
-    EVAL_METRICS,
-    EVAL_REPORT,
-    GENERATOR,
-    PSNR_CSV,
-    PSNR_CURVE,
-    TRAIN_METRICS,
-)
+from thermal2visible import paths
 from thermal2visible.records import read_record
 from thermal2visible.tracking.runs import log_artifact, newest_run, start_run
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
@@ -45,7 +35,7 @@ def ensure_training_run(params: Params, digest: str) -> str:
     # torch, for the payload, only here: the register stage, which DVC runs every time, finds the run without it
     from thermal2visible.models.payloads import load_generator
 
-    fingerprint = load_generator(GENERATOR)[1]["fingerprint"]  # metrics/train.json holds numbers only
+    fingerprint = load_generator(paths.GENERATOR)[1]["fingerprint"]  # metrics/train.json holds numbers only
     logger = start_run(
         params,
         "train",
@@ -53,14 +43,14 @@ def ensure_training_run(params: Params, digest: str) -> str:
         dataset_context="training",
         tags={"fingerprint": str(fingerprint), GENERATOR_DIGEST: digest, **LOGGED_FROM_RECORD},
     )
-    with PSNR_CSV.open(newline="") as file:
+    with paths.PSNR_CSV.open(newline="") as file:
         for row in csv.DictReader(file):
             curve = {f"val_{name}": float(row[name]) for name in ("psnr", "psnr_smoothed") if row[name]}
             logger.log_metrics(curve, step=int(row["epoch"]))
-    for path in (GENERATOR, PSNR_CURVE, PSNR_CSV, TRAIN_METRICS):
+    for path in (paths.GENERATOR, paths.PSNR_CURVE, paths.PSNR_CSV, paths.TRAIN_METRICS):
         log_artifact(logger, path)
     logger.finalize("success")
-    print(f"register: logged the training run of {GENERATOR} from DVC's record ({logger.run_id})")
+    print(f"register: logged the training run of {paths.GENERATOR} from DVC's record ({logger.run_id})")
     return logger.run_id
 
 
@@ -83,12 +73,12 @@ def evaluation_metrics(report: dict) -> dict[str, float]:
 def ensure_evaluation_run(params: Params, generator: str, training_run_id: str) -> str:
     """The id of the run that holds metrics/eval.json's scores of models/generator.pt (sha256 `generator`); logged
     when missing."""
-    report = read_record(EVAL_METRICS, EVAL_REPORT)
+    report = read_record(paths.EVAL_METRICS, paths.EVAL_REPORT)
     if report.get(GENERATOR_DIGEST) != generator:
         raise PipelineError(
-            f"{EVAL_REPORT}: scores another generator than {GENERATOR} (run the evaluate stage: dvc repro)"
+            f"{paths.EVAL_REPORT}: scores another generator than {paths.GENERATOR} (run the evaluate stage: dvc repro)"
         )
-    tags = {GENERATOR_DIGEST: generator, EVALUATION_DIGEST: file_digest(EVAL_METRICS)}
+    tags = {GENERATOR_DIGEST: generator, EVALUATION_DIGEST: file_digest(paths.EVAL_METRICS)}
     found = newest_run(open_store(tracking_uri()), "evaluate", tags, "FINISHED")
     if found:
         return found
@@ -96,7 +86,7 @@ def ensure_evaluation_run(params: Params, generator: str, training_run_id: str) 
         params, "evaluate", ("mlflow",), dataset_context="evaluation", tags=tags | {"train_run_id": training_run_id}
     )
     logger.log_metrics(evaluation_metrics(report))
-    for path in (EVAL_METRICS, EVAL_REPORT, EVAL_GRID, ALIGN_REPORT, ALIGN_OVERLAY):
+    for path in (paths.EVAL_METRICS, paths.EVAL_REPORT, paths.EVAL_GRID, paths.ALIGN_REPORT, paths.ALIGN_OVERLAY):
         if path.is_file():  # the alignment report is absent beside a cache made by hand, outside preprocess
             log_artifact(logger, path)
     logger.finalize("success")

@@ -29,7 +29,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_I
 from thermal2visible.config.schema import Params
 from thermal2visible.tracking.digests import data_hash
 from thermal2visible.tracking.store import ensure_experiment, open_store, tracking_uri
-from thermal2visible.paths import CACHE, SOURCES
+from thermal2visible import paths
+from thermal2visible.paths import SOURCES
 
 if TYPE_CHECKING:
     from lightning.pytorch.loggers import MLFlowLogger
@@ -119,7 +120,7 @@ def start_run(
     a new run is that run's child, so `mlflow run . --experiment-name <the same>` shows every stage's run beneath it.
     """
     tags = {**run_identity(), **(tags or {})}
-    digest = data_hash(CACHE) if dataset_context else None
+    digest = data_hash(paths.CACHE) if dataset_context else None
     if digest:
         tags["data_hash"] = digest
     experiment = params.mlflow.experiment
@@ -134,7 +135,7 @@ def start_run(
     if run_id is None:  # a continued run has them already, and MLflow refuses to change a logged param
         logger.log_hyperparams(params.flat(*sections))
         if digest and logger.run_id:
-            log_dataset(logger.experiment, logger.run_id, CACHE, digest, dataset_context)
+            log_dataset(logger.experiment, logger.run_id, paths.CACHE, digest, dataset_context)
     return logger
 
 

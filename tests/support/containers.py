@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 
-from thermal2visible.dev.servers import PROJECT, free_port, quiet_env, running
+from tests.support.servers import PROJECT, free_port, quiet_env, running
 
 IMAGE_SCRIPT = PROJECT / "pipelines" / "image.py"
 

@@ -4,8 +4,8 @@ outputs to another's deps), MLproject's entry points from the pipeline files' st
 diagram of the package's parts from their imports and table of its modules from their docstrings. After adding or
 changing a stage or a module:
 
-    python -m thermal2visible.dev.docs          # rewrites the parts between their markers
-    python -m thermal2visible.dev.docs --check  # exits 1 when a part differs from what it is written from"""
+    python -m tools.docs          # rewrites the parts between their markers
+    python -m tools.docs --check  # exits 1 when a part differs from what it is written from"""
 
 from __future__ import annotations
 
@@ -24,16 +24,16 @@ from thermal2visible.paths import DVC_YAML, PIPELINE_FILES
 
 ROOT = PACKAGE.parents[1]
 DOC = Path("docs/pipeline.md")
-BEGIN = "<!-- stages: written by `python -m thermal2visible.dev.docs` from dvc.yaml -->"
+BEGIN = "<!-- stages: written by `python -m tools.docs` from dvc.yaml -->"
 END = "<!-- /stages -->"
-PACKAGES_BEGIN = "<!-- modules: written by `python -m thermal2visible.dev.docs` from their docstrings -->"
+PACKAGES_BEGIN = "<!-- modules: written by `python -m tools.docs` from their docstrings -->"
 PACKAGES_END = "<!-- /modules -->"
 WRITES = ("outs", "metrics", "plots")
 CONTRIBUTING = Path("docs/contributing.md")
-PARTS_BEGIN = "<!-- packages: written by `python -m thermal2visible.dev.docs` from the imports -->"
+PARTS_BEGIN = "<!-- packages: written by `python -m tools.docs` from the imports -->"
 PARTS_END = "<!-- /packages -->"
 MLPROJECT = Path("MLproject")
-ENTRIES_BEGIN = "  # written by `python -m thermal2visible.dev.docs` from the stages of the pipeline files"
+ENTRIES_BEGIN = "  # written by `python -m tools.docs` from the stages of the pipeline files"
 ENTRIES_END = "  # /written"
 
 
@@ -144,7 +144,7 @@ def derived(doc: str, stages: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m thermal2visible.dev.docs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.docs", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if the docs are stale")
     args = parser.parse_args()
     written = {

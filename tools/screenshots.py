@@ -5,7 +5,7 @@ MLflow 3 opens an experiment on its GenAI dashboard (traces, tokens) whatever th
 parameter `workflowType=machine_learning` opens the model-training view instead, and the UI's
 "GenAI | Model training" switch remembers the choice in the browser.
 
-`python -m thermal2visible.dev.ui` serves this project's store (MLFLOW_TRACKING_URI, else ./mlflow.db) on 127.0.0.1
+`python -m tools.screenshots` serves this project's store (MLFLOW_TRACKING_URI, else ./mlflow.db) on 127.0.0.1
 and writes screenshots of the latest training run, its metrics and its registered version to reports/ui/.
 """
 
@@ -25,7 +25,7 @@ from mlflow import MlflowClient
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.paths import UI_SCREENSHOTS
-from thermal2visible.dev.servers import mlflow_app
+from tests.support.servers import mlflow_app
 from thermal2visible.registry.gate import registered_model_name
 from thermal2visible.tracking.store import tracking_uri
 

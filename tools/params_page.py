@@ -5,8 +5,8 @@ leaves this page true. The page documents the kinds the repository ships, those 
 dropped in and not yet committed leaves it fresh, and once committed it fails the check until the page is regenerated
 (docs/contributing.md's recipe).
 
-    python -m thermal2visible.dev.params_page            # rewrite docs/params.md
-    python -m thermal2visible.dev.params_page --check    # exit 1 when docs/params.md is stale (the tests run it)
+    python -m tools.params_page            # rewrite docs/params.md
+    python -m tools.params_page --check    # exit 1 when docs/params.md is stale (the tests run it)
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def reference(params_text: str) -> str:
     lines = [
         "# params.yaml reference",
         "",
-        "Generated from the settings schema and params.yaml's comments by `python -m thermal2visible.dev.params_page`"
+        "Generated from the settings schema and params.yaml's comments by `python -m tools.params_page`"
         " (a test fails when this page is stale); the values are params.yaml's. Override a key with "
         "`dvc exp run -S section.key=value`, a stage script's `--set section.key=value`, or a preset under `params/`. "
         "**Weights**: yes, the key defines the trained "
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> None:
     fresh = reference(PARAMS.read_text())
     if "--check" in argv:
         if not REFERENCE.is_file() or REFERENCE.read_text() != fresh:
-            sys.exit(f"{REFERENCE} is stale: run `python -m thermal2visible.dev.params_page` to regenerate it")
+            sys.exit(f"{REFERENCE} is stale: run `python -m tools.params_page` to regenerate it")
         return
     REFERENCE.write_text(fresh)
     print(f"wrote {REFERENCE}")

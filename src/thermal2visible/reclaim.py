@@ -8,7 +8,7 @@ before it goes, and what was freed at the end:
   project's own store (MLFLOW_TRACKING_URI, else ./mlflow.db). A tracking server's deleted runs are its
   administrator's to collect.
 
-`python -m thermal2visible.dev.reclaim` from the project folder.
+`python -m thermal2visible.reclaim` from the project folder.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 package file the script imports (thermal2visible.imports), so that DVC reruns exactly the stages a code change can
 affect. Edit the imports, then
 
-    python -m thermal2visible.dev.stage_deps          # rewrites the code deps of every stage
-    python -m thermal2visible.dev.stage_deps --check  # exits 1 naming the stages whose deps are stale
+    python -m tools.stage_deps          # rewrites the code deps of every stage
+    python -m tools.stage_deps --check  # exits 1 naming the stages whose deps are stale
 
 Data deps (outputs of other stages, `${data.source}`), and code deps written with a comment saying why (a file a stage
 logs rather than imports), are kept as written."""
@@ -57,9 +57,7 @@ def derived(text: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m thermal2visible.dev.stage_deps", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m tools.stage_deps", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a stage's deps are stale")
     args = parser.parse_args()
     for pipeline in PIPELINE_FILES:

@@ -5,22 +5,23 @@ DVC's own copy of the project, so the user's params.yaml and outputs stay as the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from thermal2visible.dev.servers import quiet_env
 from thermal2visible.errors import PipelineError
-from thermal2visible.exp_run import dvc_command
+from thermal2visible.exp_run import dvc_command, this_python_first
 
 DVC = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
 UNFINISHED = ("Queued", "Running")
 
 
 def dvc(args: list[str], project: Path) -> str:
-    result = subprocess.run([DVC, *args], cwd=project, capture_output=True, text=True, env=quiet_env())
+    env = this_python_first(os.environ)
+    result = subprocess.run([DVC, *args], cwd=project, capture_output=True, text=True, env=env)
     if result.returncode:
         raise PipelineError(f"dvc {' '.join(args)} failed in {project}:\n{(result.stdout + result.stderr)[-2000:]}")
     return result.stdout

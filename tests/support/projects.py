@@ -4,7 +4,8 @@ folder: the pipeline files, what they need beside them, the code and the presets
 import shutil
 from pathlib import Path
 
-from thermal2visible.paths import PIPELINE_FILES, PROJECT
+from tests.support.servers import PROJECT
+from thermal2visible.paths import PIPELINE_FILES
 
 # beside the pipeline files: the entry points (make's too), the environment, what git and DVC leave out, the
 # package's metadata
@@ -12,7 +13,7 @@ FILES = (
     "MLproject", "Makefile", "conda.yaml", ".gitignore", ".dvcignore", "data/.gitignore", "pyproject.toml", "torch.txt",
     "README.md",
 )  # fmt: skip
-FOLDERS = ("pipelines", "src", "params", "docker")
+FOLDERS = ("pipelines", "src", "params", "docker", "tools")
 
 
 def copy_project(folder: Path, *folders: str) -> Path:
