@@ -219,7 +219,7 @@ def main() -> None:
             "onnxruntime fp32": lambda x: run_onnx(sessions["fp32"], x),
             INT8: lambda x: run_onnx(sessions["int8"], x),
         }
-        if cpu_has_native_bf16():  # emulated bf16 is ~10x slower than fp32: not worth the benchmark's minutes
+        if cpu_has_native_bf16():  # emulated bf16 is far slower than fp32: not worth the benchmark's minutes
             engines[BF16] = torch_bf16(generator)
         flops = generator_flops(generator, images)
         peaks = GemmPeaks(engine_dtype(name) for name in engines)

@@ -89,7 +89,7 @@ def profile_epochs(epoch, epochs: int) -> list[dict]:
 
 def main() -> None:
     # A batch of small images is too little work to split over threads; with other processes on the cores, the
-    # threads mostly wait for each other (measured here: jitter 0.6 ms on one thread, 35 ms on two).
+    # threads mostly wait for each other.
     torch.set_num_threads(1)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")

@@ -1,6 +1,6 @@
 """Interleaved rounds: how every benchmark compares configurations on a noisy VM.
 
-A single sequential run cannot tell a lead from a slow stretch of the machine (a x2.11 once re-measured as x0.97).
+A single sequential run cannot tell a lead from a slow stretch of the machine.
 So each round measures every configuration once, in an order rotated from round to round (A B C, B C A, C A B, ...),
 after untimed warm-up rounds; a configuration's figure in a round is set against the baseline's in the *same* round,
 and the report gives the median of those per-round ratios with their spread (min-max). A spread that crosses 1.0 is

@@ -22,7 +22,7 @@ from pix2pix_parts import RULES, SIZE, TINY_MODEL, loader, tiny_train, weights
 @pytest.mark.parametrize(
     "features, in_use, native",
     [
-        ({"avx2": True}, "AVX2", False),  # Zen 3: bf16 emulated, 10x slower
+        ({"avx2": True}, "AVX2", False),  # Zen 3: bf16 emulated
         ({"avx512_f": True}, "AVX512", False),  # AVX-512 without BF16 (Skylake to Ice Lake): emulated too
         ({"avx512_f": True, "avx512_bf16": True}, "AVX512", True),  # Zen 4/5, Cooper Lake
         ({"avx512_f": True, "avx512_bf16": True}, "AVX2", False),  # the same under ATEN_CPU_CAPABILITY=avx2

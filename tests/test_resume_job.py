@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.servers import free_port
 from thermal2visible.errors import PipelineError
 from thermal2visible.training.resume import STAMP
 
@@ -37,6 +36,8 @@ def decide_on_this_rank(folder: Path, out: Path, fingerprints: list[str]) -> Non
 
 def job(folder: Path, *fingerprints: str) -> list[dict]:
     """What each rank of a 2-process torchrun job decided (or the error it stopped with)."""
+    from tests.support.servers import free_port  # here: torchrun runs this file as a script, without tests/ on the path
+
     out = folder.with_name("decisions")
     out.mkdir()
     torchrun = Path(sys.executable).with_name("torchrun")

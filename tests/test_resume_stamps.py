@@ -7,7 +7,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from thermal2visible.tracking.runs import continued_run
+from thermal2visible.training.run import continued_run
 from thermal2visible.training.resume import STAMP, find_resume
 
 A, B, C = "a" * 16, "b" * 16, "c" * 16  # fingerprints

@@ -115,8 +115,9 @@ def test_every_checkpoint_load_is_weights_only():
         )
     fit = [
         node
-        for node in ast.walk(ast.parse((REPO / "pipelines" / "train.py").read_text()))
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "trainer.fit"
+        for path in (*(REPO / "src").rglob("*.py"), *(REPO / "pipelines").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "trainer.fit" and "ckpt_path=" in ast.unparse(node)
     ]
     assert fit and all("weights_only=True" in ast.unparse(call) for call in fit)  # Lightning's resume too
 

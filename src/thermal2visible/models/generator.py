@@ -51,8 +51,7 @@ class LayoutIndependentDropout(nn.Dropout):
 def dense_gradient(x: torch.Tensor) -> torch.Tensor:
     """`x`, whose gradient reaches the layer before it dense, in `x`'s own memory layout. A tensor that only
     feeds torch.cat gets a strided slice of the cat's gradient, and batch norm's CPU backward takes a slow path
-    for those: forward + backward 5-6x (NCHW) and 7-24x (channels-last) slower at the U-Net's 16-128 px levels
-    (bf16, batch 4, an AMX Xeon)."""
+    for those, several times slower at the U-Net's inner levels (docs/performance.md)."""
     if x.requires_grad:
         layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
         x.register_hook(lambda grad: grad.contiguous(memory_format=layout))

@@ -23,6 +23,19 @@ from thermal2visible.tracking.store import open_store, tracking_uri
 EVALUATION_DIGEST = "eval_sha256"
 LOGGED_FROM_RECORD = {"logged_from": "dvc record"}
 TRAINING_SECTIONS = ("preprocess", "loader", "model", "train", "early_stop")  # the params a train run logs
+FINGERPRINT_TAG = "fingerprint"  # what a training of the same weights' inputs (training.resume) continues
+
+
+def log_training_record(logger) -> None:
+    """What a training run holds of the train stage's record, whether the training logs it or it is logged from DVC's
+    record: the generator's sha256 (what the register stage finds the run by: the weights it wrote, not its settings,
+    since a torchrun job and a DVC run of the same params.yaml write different weights under one fingerprint), the
+    generator, the PSNR curve and table, metrics/train.json."""
+    if not logger.run_id:  # None on ranks other than 0
+        return
+    logger.experiment.set_tag(logger.run_id, GENERATOR_DIGEST, file_digest(paths.GENERATOR))
+    for path in (paths.GENERATOR, paths.PSNR_CURVE, paths.PSNR_CSV, paths.TRAIN_METRICS):
+        log_artifact(logger, path)
 
 
 def ensure_training_run(params: Params, digest: str) -> str:
@@ -41,14 +54,13 @@ def ensure_training_run(params: Params, digest: str) -> str:
         "train",
         TRAINING_SECTIONS,
         dataset_context="training",
-        tags={"fingerprint": str(fingerprint), GENERATOR_DIGEST: digest, **LOGGED_FROM_RECORD},
+        tags={FINGERPRINT_TAG: str(fingerprint), **LOGGED_FROM_RECORD},
     )
     with paths.PSNR_CSV.open(newline="") as file:
         for row in csv.DictReader(file):
             curve = {f"val_{name}": float(row[name]) for name in ("psnr", "psnr_smoothed") if row[name]}
             logger.log_metrics(curve, step=int(row["epoch"]))
-    for path in (paths.GENERATOR, paths.PSNR_CURVE, paths.PSNR_CSV, paths.TRAIN_METRICS):
-        log_artifact(logger, path)
+    log_training_record(logger)
     logger.finalize("success")
     print(f"register: logged the training run of {paths.GENERATOR} from DVC's record ({logger.run_id})")
     return logger.run_id

@@ -1,6 +1,5 @@
 """The run a stage logs to and what ties it to its code (git commit, whether the sources differed), its data (an
-MLflow dataset whose digest is the data hash, tracking.store) and its DVC experiment; finding, continuing and closing
-runs.
+MLflow dataset whose digest is the data hash, tracking.store) and its DVC experiment; finding runs.
 
 A training's run is a Lightning `MLFlowLogger` (under DDP only rank 0 creates the run and logs to it); every other
 stage's is a `StageRun`, the same calls through MLflow's client, so that those stages never load Lightning.
@@ -9,7 +8,6 @@ stage's is a `StageRun`, the same calls through MLflow's client, so that those s
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import warnings
 from contextlib import contextmanager
@@ -158,54 +156,6 @@ def newest_run(client: MlflowClient, run_name: str, tags: dict[str, str], status
         experiments, " and ".join(conditions), order_by=["attributes.start_time DESC"], max_results=1
     )
     return runs[0].info.run_id if runs else None
-
-
-def continued_run(run_id: str | None, fingerprint: str, checkpoint: Path) -> str | None:
-    """`run_id` (read from `checkpoint`'s stamp) where that run is a training of `fingerprint` in this store, set
-    RUNNING again (a stopped run's status was FAILED or KILLED); else None, with a notice: the resumed training then
-    logs to a new run, never to a run that a stamp merely names."""
-    if run_id is None:
-        return None
-    client = open_store(tracking_uri())
-    try:
-        tags = client.get_run(run_id).data.tags
-    except MlflowException:
-        tags = {}
-    if tags.get("fingerprint") != fingerprint:
-        print(
-            f"notice: {checkpoint}: its stamp's MLflow run {run_id} is no training of fingerprint {fingerprint} in "
-            f"{tracking_uri()}: the resumed training logs to a new run"
-        )
-        return None
-    client.update_run(run_id, status="RUNNING")
-    return run_id
-
-
-def close_abandoned_runs(keep: str | None) -> list[str]:
-    """Mark KILLED every `train` run this host started that is still RUNNING though its process is gone (a training
-    killed before its first checkpoint, which no later run continues), but `keep`, the run being continued."""
-    client = open_store(tracking_uri())
-    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
-    running = "attributes.run_name = 'train' and attributes.status = 'RUNNING'"
-    closed = []
-    for run in client.search_runs(experiments, f"{running} and tags.host = '{socket.gethostname()}'"):
-        pid = run.data.tags.get("pid", "")
-        if run.info.run_id != keep and pid.isdigit() and not process_alive(int(pid)):
-            client.set_terminated(run.info.run_id, "KILLED")
-            closed.append(run.info.run_id)
-    if closed:
-        print(f"notice: marked KILLED the train run(s) whose process had died: {', '.join(closed)}")
-    return closed
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def log_artifact(logger: MLFlowLogger | StageRun, path: str | Path) -> None:

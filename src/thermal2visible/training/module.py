@@ -269,7 +269,7 @@ class Pix2Pix(LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         thermal, real = batch["thermal"], batch["visible"]
         # Scored as evaluate scores: the fp32 weights that are saved, outside autocast (bf16 cancels SSIM's
-        # variance terms: 0.28 against 0.72 on the demo's own model), so val_psnr picks the model it measures.
+        # variance terms), so val_psnr picks the model it measures.
         generator = self.kept_generator
         with torch.autocast(self.device.type, enabled=False), as_tested(generator, self.settings.test_mode):
             fake = generator(thermal.float())

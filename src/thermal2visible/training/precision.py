@@ -39,8 +39,8 @@ def avx512_features() -> tuple[str, ...]:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes in bf16. Elsewhere bf16 autocast is emulated through fp32 conversions: measured 10x
-    slower than fp32 on an AVX2-only EPYC."""
+    """Whether this CPU computes in bf16. Elsewhere bf16 autocast is emulated through fp32 conversions, several times
+    slower than fp32 (docs/performance.md)."""
     capabilities = torch.cpu.get_capabilities()
     return any(capabilities.get(feature, False) for feature in OTHER_BF16 + avx512_features())
 

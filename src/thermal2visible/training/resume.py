@@ -21,7 +21,7 @@ The protocol:
      are kept: training.parked_runs) and this run continues its own parked files, or starts afresh. One training at a
      time holds the folder (`one_training_at_a_time`, an OS lock). A stamp is data read from disk: one whose values
      do not have a fingerprint's and a run id's shape is "unreadable", so no path is ever made from it; and a
-     stamp's run id is continued only where that run says the same fingerprint (tracking.runs.continued_run).
+     stamp's run id is continued only where that run says the same fingerprint (training.run.continued_run).
   4. Every checkpoint holds every rank's random state (torch CPU and CUDA, numpy, python: `RandomStreams`), taken
      at the epoch's end and restored before the resumed run draws anything: it draws the shuffles, crops, flips
      and dropout masks the uninterrupted run draws, so it ends with the same weights.

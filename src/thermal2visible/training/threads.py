@@ -3,7 +3,7 @@ other processes leave free (auto).
 
 torch's CPU thread pool (OpenMP) splits every operation among its threads and waits for all of them. A thread whose
 core another process is busy on gets part of that core's time only, and every operation waits for it: beside one
-pure-Python loop the demo's training took x8.55 its time alone, where losing one core of two should cost at most x2.
+busy process a training can take many times its time alone, where losing one core of two should cost at most x2.
 With one thread fewer the run computes on the cores that are free.
 
 `cores` keeps a thread per usable core, as before. `auto` starts so and, while a single-process CPU run steps, it

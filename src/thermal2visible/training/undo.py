@@ -42,8 +42,9 @@ class StepUndo:
 
     @torch.no_grad()
     def snapshot(self, opt_d) -> None:
-        """Copy the undoable state into the kept buffers, no allocation (a deepcopy of the state dicts cost 15 % of a
-        64 px step). Before D's first step Adam has no state: the copy is then shorter."""
+        """Copy the undoable state into the kept buffers, no allocation (a deepcopy of the state dicts at every step
+        is a visible share of a small model's step). Before D's first step Adam has no state: the copy is then
+        shorter."""
         live = self._undoable(opt_d)
         if len(self.saved) != len(live):
             self.saved = [tensor.detach().clone() for tensor in live]
