@@ -70,7 +70,7 @@ regen: setup
 
 # One test process per core (pytest-xdist): the suite is CPU-bound (three processes on two cores did the same work no
 # faster). Each test module stays on one process, so its module-wide fixtures are built once, and the modules are
-# dealt longest first (tests/longest_first.py), not xdist's most-tests-first, so the processes end together.
+# dealt longest first (tests/support/longest_first.py), not xdist's most-tests-first, so the processes end together.
 PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
 test: setup  # then the tests that must run by themselves (marked alone: they write into the package tree)
 	$(PY) -m pytest $(PARALLEL) -m "not alone"

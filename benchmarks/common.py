@@ -103,8 +103,8 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 1) ->
 
 def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """int8 x int8 -> int32 GEMM, the arithmetic a quantized convolution runs on, for the int8 peak. torch has no
-    public one: `a @ b` on int8 tensors accumulates in int8 (it overflows) and measured 121 against 1964 GOP/s here
-    (2048², 2 threads); `torch._int_mm` is private, so tests/test_private_apis.py checks it on the installed torch."""
+    public one: `a @ b` on int8 tensors accumulates in int8 (it overflows) and is far slower; `torch._int_mm` is
+    private, so tests/unit/inference/test_private_apis.py checks it on the installed torch."""
     return torch._int_mm(a, b)
 
 

@@ -3,7 +3,7 @@ short measured step through the project's own code (build_trainer, build_network
 REST server), recorded as pass, fail or skip with its reason.
 
 A GPU is lent only now and then, for minutes: this script is ready before it is, and `--dry-run` runs the same items
-on the CPU with tiny sizes (tests/test_gpu_scripts.py), so it cannot rot. Items that need CUDA run their CPU
+on the CPU with tiny sizes (tests/project/test_gpu_scripts.py), so it cannot rot. Items that need CUDA run their CPU
 equivalent in a dry run, or say "skipped: needs CUDA".
 
 Writes <out>/<date>-gpu-check.md and .json (dry run: <date>-gpu-check-dry-run.*); exits 1 when an item fails.

@@ -31,13 +31,13 @@ if XDIST_WORKER:
     os.environ["XDG_RUNTIME_DIR"] = str(_turns)
 
 import thermal2visible.training.spin  # noqa: E402, F401 (before torch: OpenMP's short idle spin, as train.py has it)
-from shipped import SHIPPED_TEXT  # noqa: E402 (env set)
+from tests.support.shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402
 from tests.support.projects import copy_project  # noqa: E402
 from tests.support.servers import quiet_env  # noqa: E402
 
-pytest_plugins = ["longest_first"]  # the order of the modules: longest first
+pytest_plugins = ["tests.support.longest_first"]  # the order of the modules: longest first
 
 REPO = Path(__file__).resolve().parents[1]
 # and one thread: tests compare weights bit for bit, on machines of any core count
@@ -193,8 +193,8 @@ GUIDE_DATA = "synthesize.images_per_identity=24"
 
 @pytest.fixture(scope="session")
 def guides_project(tmp_path_factory) -> Path:
-    """A project in which the tiny pipeline ran on the guides' data (tests/test_guides.py): what each guide's session
-    starts from."""
+    """A project in which the tiny pipeline ran on the guides' data (tests/system/test_guides.py): what each guide's
+    session starts from."""
     build = lambda folder: _run_the_pipeline(folder, GUIDE_DATA)  # noqa: E731
     return built_once(shared_folder(tmp_path_factory), "guides", build) / "project"
 

@@ -24,8 +24,9 @@ class ServingError(MlflowException):
     """An MlflowException that keeps the message it was made with: assignments after __init__ are ignored.
 
     Relies on a private behaviour of MLflow's scoring server (`mlflow models serve`,
-    mlflow.pyfunc.scoring_server.invocations), checked by tests/test_private_apis.py: it assigns `error.message =
-    "Failed to predict data '<the request>'. Error: <message>"` to an MlflowException raised in `predict` and answers
+    mlflow.pyfunc.scoring_server.invocations), checked by tests/unit/inference/test_private_apis.py: it assigns
+    `error.message = "Failed to predict data '<the request>'. Error: <message>"` to an MlflowException raised in
+    `predict` and answers
     `serialize_as_json()`; for the `inputs` and `instances` forms that echoes the whole base64 request back. No public
     setting turns that off, and any other exception type answers with a Python traceback.
     """

@@ -125,7 +125,8 @@ class Generator(nn.Module):
     kind       the value of model.generator that picks it;
     Settings   a schema dataclass of its own settings (model.generator_settings, checked by type and range; its
                fields' descriptions are docs/params.md's). A `dropout` or a `norm` field means what ConvSettings'
-               do: the shared tests (tests/test_models.py) check dropout and batch norm where a kind has them;
+               do: the shared tests (tests/unit/models/test_models.py) check dropout and batch norm where a kind
+               has them;
     example    small Settings the shared tests build it with;
     size_rule  why an image size does not fit it with some settings, or None.
 

@@ -6,8 +6,8 @@ forwards, G's adversarial gradient from the D before its step, then both step: t
 Losses are means over the batch and over the PatchGAN map (and over the scales of a multi-scale one). Under DDP
 every process holds an equal shard of the global batch and DDP averages the gradients, so the mean of the
 per-process means is the mean over the global batch: without batch norm and random draws, two processes take the
-same step as one process with the whole batch (tests/test_ddp.py). With them, two processes differ from one as the
-paper's multi-GPU runs do: batch norm normalises each process's share, and each rank draws its own crops and dropout
+same step as one process with the whole batch (tests/system/test_ddp.py). With them, two processes differ from one as
+the paper's multi-GPU runs do: batch norm normalises each process's share, and each rank draws its own crops and dropout
 masks (random_streams.RandomStreams).
 """
 
