@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 import mlflow
 import pytest
@@ -34,6 +33,7 @@ import thermal2visible.training.spin  # noqa: E402, F401 (before torch: OpenMP's
 from tests.support.shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402
+from tests.support.built_once import built_once  # noqa: E402
 from tests.support.projects import copy_project  # noqa: E402
 from tests.support.servers import quiet_env  # noqa: E402
 
@@ -113,19 +113,6 @@ def shared_folder(tmp_path_factory) -> Path:
     """The run's folder that every test process sees: pytest-xdist's workers share their base temporary folder's
     parent."""
     return tmp_path_factory.getbasetemp().parent if XDIST_WORKER else tmp_path_factory.getbasetemp()
-
-
-def built_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
-    """shared/name, filled by `build(folder)` once and used by every test process: the first that needs it builds it
-    while the others wait. What is built so is read, never changed, by the tests."""
-    folder, built = shared / name, shared / f"{name}.built"
-    with FileLock(shared / f"{name}.lock"):
-        if not built.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # a build a killed process did not finish
-            folder.mkdir()
-            build(folder)
-            built.touch()
-    return folder
 
 
 def _build_tiny_cache(work: Path) -> None:

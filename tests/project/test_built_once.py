@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import built_once
+from tests.support.built_once import built_once
 
 
 def test_a_build_that_died_half_way_is_made_again_and_a_finished_one_is_never_rebuilt(tmp_path):

@@ -15,7 +15,7 @@ import mlflow.pyfunc
 import numpy as np
 import torch
 
-from conftest import built_once
+from tests.support.built_once import built_once
 from tests.support.shipped import SHIPPED
 
 from thermal2visible.paths import (
