@@ -157,6 +157,17 @@ def test_the_folder_and_video_recipe_runs_from_the_built_in_data(pipeline_projec
     assert frames == {"thermal.mp4": len(thermal), "visible.mp4": len(thermal)}
 
 
+def stage_running(group: int, script: str) -> bool:
+    """Whether a process of the process group `group` runs `script`."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if os.getpgid(int(cmdline.parent.name)) == group and script.encode() in cmdline.read_bytes():
+                return True
+        except OSError:  # gone meanwhile
+            continue
+    return False
+
+
 def committed_copy(pipeline_project: Path, folder: Path) -> Path:
     """The project that ran the demo, committed with its record, as a clone of the project holds it."""
     copy_without_store(pipeline_project, folder)
@@ -240,12 +251,18 @@ def test_a_demo_stopped_by_ctrl_c_during_a_stage_leaves_no_committed_file_delete
         start_new_session=True,
     )  # fmt: skip
     try:
-        # DVC removes a stage's outputs before it runs it: a Ctrl-C from then on finds them deleted
+        # DVC removes a stage's outputs before it runs its command: a Ctrl-C while the command runs finds them
+        # deleted
         deadline = time.monotonic() + 300
-        while (project / "metrics/eval.json").exists() and demo.poll() is None and time.monotonic() < deadline:
+        while not stage_running(demo.pid, "pipelines/evaluate.py") and demo.poll() is None:
+            assert time.monotonic() < deadline, "evaluate never started"
             time.sleep(0.02)
-        assert not (project / "metrics/eval.json").exists(), "evaluate never started"
-        os.killpg(demo.pid, signal.SIGINT)  # what the terminal sends the whole foreground group
+        assert not (project / "metrics/eval.json").exists()
+        while stage_running(demo.pid, "pipelines/evaluate.py"):
+            # what the terminal sends the whole foreground group, pressed again while the stage goes on (on a busy
+            # machine a Ctrl-C as the stage starts can go unanswered, as a user then sees)
+            os.killpg(demo.pid, signal.SIGINT)
+            time.sleep(0.2)
         output, _ = demo.communicate(timeout=120)
     finally:
         if demo.poll() is None:
