@@ -109,6 +109,24 @@ class NoSettings:
     """The settings of a network that has none of its own."""
 
 
+class Architecture(nn.Module):
+    """What a generator and a discriminator share: the `kind` that picks it, its own `Settings`, the `example`
+    settings the shared tests build it with, and the `size_rule` it is refused by before any weight exists."""
+
+    kind: str
+    Settings: type = NoSettings
+    example: object = NoSettings()
+
+    @staticmethod
+    def size_rule(image_size: int, settings) -> str | None:
+        return None
+
+    def __init__(self, image_size: int, settings):
+        super().__init__()
+        if self.size_rule(image_size, settings):
+            raise ValueError(f"image_size {self.size_rule(image_size, settings)}")
+
+
 @dataclass(frozen=True, config=SCHEMA)
 class ConvSettings:
     """The settings of the pix2pix generators (the U-Net and the ResNet): width, norm and dropout."""
@@ -118,7 +136,7 @@ class ConvSettings:
     dropout: Annotated[float, Field(ge=0, lt=1, description="dropout rate, where the network has dropout; 0: none")]
 
 
-class Generator(nn.Module):
+class Generator(Architecture):
     """What every generator architecture (a module of models/generators/) is: an nn.Module built from its input and
     output channels, the image size and its own settings, with
 
@@ -133,18 +151,12 @@ class Generator(nn.Module):
     `config` is what is saved with its weights to rebuild it (models.networks.build_generator); `recompute`
     (model.recompute, set where it is trained) recomputes its blocks in backward (run_block)."""
 
-    kind: str
-    Settings: type = NoSettings
-    example: object = NoSettings()
-
     @staticmethod
     def size_rule(image_size: int, settings) -> str | None:
         raise NotImplementedError
 
     def __init__(self, in_channels: int, out_channels: int, image_size: int, settings):
-        super().__init__()
-        if self.size_rule(image_size, settings):
-            raise ValueError(f"image_size {self.size_rule(image_size, settings)}")
+        super().__init__(image_size, settings)
         if in_channels not in (1, 3):
             raise ValueError(f"in_channels {in_channels}: thermal images have 1 or 3 channels")
         self.recompute = False
