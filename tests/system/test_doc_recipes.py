@@ -7,6 +7,7 @@ the record git holds (thermal2visible.demo_record), and what a Ctrl-C during it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,7 @@ import requests
 from conftest import copy_without_store
 from test_guides import BLOCK, INSTALLS
 from test_team_server import PG_BIN, as_postgres, postgres_missing
-from tests.support.servers import free_port, quiet_env, running
+from tests.support.servers import free_port, process_ticks, process_tree, quiet_env, running
 
 pytestmark = pytest.mark.slow  # every recipe runs in bash, its commands Python processes
 REPO = Path(__file__).resolve().parents[2]
@@ -157,14 +158,12 @@ def test_the_folder_and_video_recipe_runs_from_the_built_in_data(pipeline_projec
     assert frames == {"thermal.mp4": len(thermal), "visible.mp4": len(thermal)}
 
 
-def stage_running(group: int, script: str) -> bool:
-    """Whether a process of the process group `group` runs `script`."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if os.getpgid(int(cmdline.parent.name)) == group and script.encode() in cmdline.read_bytes():
+def stage_running(root: int, script: str) -> bool:
+    """Whether `root` or a process below it runs `script`."""
+    for pid in process_tree(process_ticks(), {root}):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if script.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return True
-        except OSError:  # gone meanwhile
-            continue
     return False
 
 
