@@ -7,7 +7,7 @@ on the CPU with tiny sizes (tests/project/test_gpu_scripts.py), so it cannot rot
 equivalent in a dry run, or say "skipped: needs CUDA".
 
 Writes <out>/<date>-gpu-check.md and .json (dry run: <date>-gpu-check-dry-run.*); exits 1 when an item fails.
-Usage: python -m benchmarks.gpu_check [--dry-run] [--out reports/gpu] [--items NAME ...]
+Usage: python -m benchmarks.gpu_check [--dry-run] [--out benchmarks/results] [--items NAME ...]
 On the device machine: docs/training.md ("GPUs") says how to carry the wheels.
 """
 
@@ -568,7 +568,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="the same items on the CPU, tiny sizes")
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / "gpu", help="folder of the .md and .json")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="folder of the .md and .json")
     parser.add_argument("--items", nargs="+", choices=list(ITEMS), metavar="ITEM", help="only these (default: all)")
     parser.add_argument("--ddp-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -2,9 +2,9 @@
 # The GPU paths checked and measured on a GPU host (docs/training.md, "GPUs"): `bash benchmarks/gpu_session.sh [DIR]`
 # from the repository, after benchmarks/gpu_wheels.sh where the host has no network access. gpu_check's every item;
 # its serve item again with mlflow's wheels on the path (that item's only: they would shadow the host's own
-# packages); then gpu_speed in what is left of SECONDS_BUDGET. Results go to DIR, else reports/gpu.
+# packages); then gpu_speed in what is left of SECONDS_BUDGET. Results go to DIR, else benchmarks/results.
 set -uo pipefail
-out=${1:-reports/gpu}
+out=${1:-benchmarks/results}
 budget=${SECONDS_BUDGET:-560}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.txt"

@@ -13,8 +13,8 @@ batch instead of GPU-resident; torch.compile of both mixed channels_last ones at
 costs ~1 min each) x 3 batch sizes x 2 rounds, ~3 s each (Lightning's setup + 3 warm-up + 8 timed steps) ~ 4 min;
 time to quality 2 x 45 s; onnxruntime ~ 20 s. `--dry-run`: the same code on the CPU at 32 px with tiny networks.
 
-Writes <out>/<date>-gpu-speed.json and .png (default reports/gpu/).
-Usage: python -m benchmarks.gpu_speed [--dry-run] [--out reports/gpu] [--rounds 2]
+Writes <out>/<date>-gpu-speed.json and .png (default benchmarks/results/).
+Usage: python -m benchmarks.gpu_speed [--dry-run] [--out benchmarks/results] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def print_steps(steps: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU, tiny sizes, seconds")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "reports" / "gpu")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "benchmarks" / "results")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled configurations")
     args = parser.parse_args()

@@ -382,3 +382,31 @@ def test_the_stop_rule_is_chosen_on_validation_curves_alone():
     assert any(row["mean_epochs"] < chosen["mean_epochs"] for row in grid)  # shorter rules exist, over budget
     flipped = [run | {"test_psnr": 40.0 - run["test_psnr"]} for run in runs]
     assert choose(flipped, window=5, budget=0.1) == (cap, grid, chosen)
+
+
+def test_every_kept_result_is_cited_from_the_docs_or_code_or_from_a_result_they_cite():
+    """Measurements are kept where something a reader follows names them: the docs, the code, or a result those cite
+    (a summary naming its raw .json); the rest live in git history. Any suffix of a cited stem is kept with it."""
+    root = Path(__file__).resolve().parents[2]
+    results = root / "benchmarks" / "results"
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    kept = [path for path in tracked if path.startswith("benchmarks/results/")]
+    stems = {Path(path).relative_to("benchmarks/results").as_posix().split(".")[0] for path in kept}
+
+    def named(text: str) -> set[str]:
+        return {stem for stem in stems if Path(stem).name in text}
+
+    cited: set[str] = set()
+    for path in set(tracked) - set(kept):
+        if (root / path).suffix in {".md", ".py", ".sh", ".yaml", ".txt", ""} and (root / path).is_file():
+            cited |= named((root / path).read_text(errors="replace"))
+    frontier = set(cited)
+    while frontier:
+        found = set()
+        for stem in frontier:
+            for text_file in results.glob(f"{stem}.*"):
+                if text_file.suffix in {".md", ".json"}:
+                    found |= named(text_file.read_text())
+        frontier = found - cited
+        cited |= found
+    assert sorted(stems - cited) == [], sorted(stems - cited)
