@@ -39,7 +39,7 @@ demo: setup
 	@$(PY) -m thermal2visible.demo_record
 
 exp: setup  # `make exp PRESET=params/camera.yaml SET="train.max_epochs=50"`: a DVC experiment, refused up front if unrunnable
-	$(PY) -m thermal2visible.exp_run all "$(SET)" $(if $(PRESET),--preset $(PRESET))
+	$(PY) -m thermal2visible.dvc_experiment all "$(SET)" $(if $(PRESET),--preset $(PRESET))
 
 serve: setup  # `make serve PORT=5002 MODEL=models:/NAME/VERSION` overrides serve.port and the champion
 	$(PY) pipelines/serve.py $(if $(MODEL),--model $(MODEL)) $(if $(PORT),--set serve.port=$(PORT))

@@ -26,7 +26,7 @@ from thermal2visible.cli import quiet_lightning
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.config.schema import PreprocessConfig
 from thermal2visible.data.cache import build_cache
-from thermal2visible.data.pairs import random_windows
+from thermal2visible.data.dataset import random_windows
 from thermal2visible.data.ingest import ingest
 from thermal2visible.data.synthetic import synthesize
 from thermal2visible.pixels import unit_to_model

@@ -45,7 +45,7 @@ from benchmarks.common import (  # noqa: E402
 from benchmarks.rounds import measure_rounds, ratio_text, summarize  # noqa: E402
 from thermal2visible.data.cache_files import JITTER, array_file, load_manifest  # noqa: E402
 from thermal2visible.data.datamodule import PairedDataModule, free_memory, gib  # noqa: E402
-from thermal2visible.data.pairs import stored_split  # noqa: E402
+from thermal2visible.data.dataset import stored_split  # noqa: E402
 from thermal2visible.errors import PipelineError  # noqa: E402
 from thermal2visible.paths import MANIFEST  # noqa: E402
 from thermal2visible.training.module import Pix2Pix  # noqa: E402

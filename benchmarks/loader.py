@@ -35,7 +35,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config.load import load_params
 from thermal2visible.data.cache import load_manifest
 from thermal2visible.data.datamodule import PairedDataModule
-from thermal2visible.data.pairs import model_batch
+from thermal2visible.data.dataset import model_batch
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
 from thermal2visible.paths import CACHE, INDEX, PARAMS

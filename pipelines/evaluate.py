@@ -30,10 +30,10 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import Params
 from thermal2visible.config.stored import stored_section
 from thermal2visible.data.cache import array_file, load_manifest, raw_pairs
-from thermal2visible.data.pairs import in_order
+from thermal2visible.data.dataset import in_order
 from thermal2visible.onnx_export import run_torch
 from thermal2visible.inference.frames import translate_frame
-from thermal2visible.frame_scores import full_frame_psnr
+from thermal2visible.frame_psnr import full_frame_psnr
 from thermal2visible.metrics import (
     image_scores,
     rank1_accuracy,
@@ -43,10 +43,10 @@ from thermal2visible.metrics import (
 )
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator, load_recognizer
-from thermal2visible.tracking.figures import comparison_grid, save_grid
+from thermal2visible.tracking.plots import comparison_grid, save_grid
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
 from thermal2visible.paths import CACHE, GENERATOR, EVAL_METRICS, EVAL_GRID, EVAL_REPORT, RECOGNIZER
-from thermal2visible.records import write_record
+from thermal2visible.stage_records import write_record
 from thermal2visible.pixels import to_model, unit, with_channels
 
 GRID_FACES = 8

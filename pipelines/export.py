@@ -33,7 +33,7 @@ from thermal2visible.models.payloads import load_generator
 from thermal2visible.data.cache import array_file, load_manifest
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
 from thermal2visible.paths import CACHE, EXPORT_METRICS, EXPORT_REPORT, GENERATOR, MANIFEST, ONNX, ONNX_INT8
-from thermal2visible.records import write_record
+from thermal2visible.stage_records import write_record
 from thermal2visible.pixels import from_model
 
 CALIBRATION_IMAGES = 64

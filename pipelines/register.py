@@ -38,7 +38,7 @@ from thermal2visible.data.cache import load_manifest, raw_pairs
 from thermal2visible.inference.frames import translate_frame
 from thermal2visible.registry.descriptions import model_description, version_description, version_facts
 from thermal2visible.registry.version_files import load_registered
-from thermal2visible.frame_scores import full_frame_psnr
+from thermal2visible.frame_psnr import full_frame_psnr
 from thermal2visible.registry.gate import (
     ONNX_DIGEST,
     Registered,
@@ -51,7 +51,7 @@ from thermal2visible.registry.gate import (
 from thermal2visible.inference.request_budget import ServedLimits
 from thermal2visible.inference.serving import ThermalToVisible
 from thermal2visible.inference.session import RunTimeLimit, exported_settings, onnx_session, run_onnx
-from thermal2visible.records import read_record
+from thermal2visible.stage_records import read_record
 from thermal2visible.tracking.publish import ensure_evaluation_run, ensure_training_run
 from thermal2visible.tracking.runs import git_tags, logging_into, start_run
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, data_hash, file_digest

@@ -10,7 +10,7 @@ Under DDP (train.devices x train.num_nodes > 1) every process runs this script; 
 """
 
 # first, before torch loads OpenMP: it sets OpenMP's spin for trainings that share the cores
-import thermal2visible.training.spin  # noqa: F401
+import thermal2visible.training.openmp_spin  # noqa: F401
 
 from lightning.pytorch import seed_everything
 
@@ -23,7 +23,8 @@ from thermal2visible.models.payloads import load_recognizer
 from thermal2visible.paths import CACHE, CHECKPOINTS, MANIFEST, RECOGNIZER
 from thermal2visible.tracking.digests import data_hash
 from thermal2visible.training.precision import run_device
-from thermal2visible.training.resume import one_training_at_a_time, run_fingerprint
+from thermal2visible.training.fingerprint import run_fingerprint
+from thermal2visible.training.resume import one_training_at_a_time
 from thermal2visible.training.run import TrainingRun
 from thermal2visible.training.trainer import per_process_batch, refuse_unworkable
 

@@ -21,7 +21,7 @@ from thermal2visible.models.recognizer import IdentityRecognizer
 from thermal2visible.tracking.runs import log_artifact, start_run
 from thermal2visible.training.precision import resolve_accelerator
 from thermal2visible.paths import CACHE, RECOGNIZER, RECOGNIZER_METRICS
-from thermal2visible.records import write_record
+from thermal2visible.stage_records import write_record
 
 
 class RecognizerTask(LightningModule):

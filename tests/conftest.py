@@ -29,7 +29,7 @@ if XDIST_WORKER:
     _turns.mkdir(mode=0o700, exist_ok=True)
     os.environ["XDG_RUNTIME_DIR"] = str(_turns)
 
-import thermal2visible.training.spin  # noqa: E402, F401 (before torch: OpenMP's short idle spin, as train.py has it)
+import thermal2visible.training.openmp_spin  # noqa: E402, F401 (before torch: OpenMP's short idle spin, as train.py has it)
 from tests.support.shipped import SHIPPED_TEXT  # noqa: E402 (env set)
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from thermal2visible.config.schema import Params  # noqa: E402

@@ -109,14 +109,14 @@ def stage_targets(project: Path) -> dict[str, str]:
 
 def entry_points(targets: dict[str, str]) -> str:
     """MLproject's entry points: `main`, the whole pipeline, and one per stage, each run through
-    thermal2visible.exp_run with the settings given as `set`."""
+    thermal2visible.dvc_experiment with the settings given as `set`."""
     lines = [ENTRIES_BEGIN]
     for name, target in {"main": "all", **targets}.items():
         lines += [
             f"  {name}:",
             "    parameters:",
             '      set: {type: string, default: ""}',
-            f'    command: "python -m thermal2visible.exp_run {target} {{set}}"',
+            f'    command: "python -m thermal2visible.dvc_experiment {target} {{set}}"',
         ]
     return "\n".join([*lines, ENTRIES_END])
 

@@ -25,7 +25,7 @@ from thermal2visible.errors import PipelineError
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import CACHE, GENERATOR, PARAMS, RECOGNIZER
 from thermal2visible.tracking.digests import data_hash, file_digest
-from thermal2visible.training.resume import run_fingerprint
+from thermal2visible.training.fingerprint import run_fingerprint
 
 
 def fingerprint(params: Params) -> str:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.exp_run import dvc_command, this_python_first
+from thermal2visible.dvc_experiment import dvc_command, this_python_first
 
 DVC = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
 UNFINISHED = ("Queued", "Running")

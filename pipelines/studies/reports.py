@@ -11,12 +11,12 @@ import matplotlib
 import torch
 
 from thermal2visible.config.load import preset_overrides
-from thermal2visible.data.pairs import in_order
+from thermal2visible.data.dataset import in_order
 from thermal2visible.models.generator import as_tested
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import GENERATOR, PIX2PIX_DEFAULT
 from .scratch import child_project
-from thermal2visible.tracking.figures import image_rows
+from thermal2visible.tracking.plots import image_rows
 from thermal2visible.training.precision import resolve_accelerator, resolve_precision
 
 matplotlib.use("Agg")  # files only, never a window

@@ -21,7 +21,7 @@ from thermal2visible.paths import (
     RECOGNIZER,
     TRAIN_METRICS,
 )
-from thermal2visible.records import read_record
+from thermal2visible.stage_records import read_record
 from .runs import trained_run
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
 from thermal2visible.tracking.store import tracking_uri

@@ -10,7 +10,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from thermal2visible import paths
 from thermal2visible.paths import PARAMS
@@ -19,6 +19,12 @@ from thermal2visible.config.schema import Params
 from thermal2visible.errors import ConfigError, PipelineError
 
 TEAM_USERS = "pipelines/launch/team_users.py"  # the admin's script that grants a team server's users (docs/team.md)
+
+
+def this_python_first(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with this interpreter's folder first on PATH: the stages DVC runs call `python` by name (and `mlflow models
+    serve`, `uvicorn`), and it must be this environment's even where the venv is not active."""
+    return {**env, "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")}
 
 
 def quiet_lightning() -> None:

@@ -4,7 +4,7 @@ whether they still show the right person (rank-1 accuracy, verification ROC AUC)
 Every score is per image on [0,1] images, then averaged over images, and equals scikit-image's
 peak_signal_noise_ratio / structural_similarity (Wang et al.: gaussian window sigma 1.5, population covariance)
 / mean_squared_error on the same image (tests/unit/test_metrics.py checks it). Whole frames translated by onnxruntime
-are scored in numpy by frame_scores.py.
+are scored in numpy by frame_psnr.py.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ from typing import Iterator
 
 import requests
 
+from thermal2visible.cli import this_python_first
+
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 PROJECT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
@@ -30,9 +32,7 @@ def free_port() -> int:
 
 
 def quiet_env(**extra: str) -> dict[str, str]:
-    # `mlflow models serve` runs `uvicorn` by name: this interpreter's own, even when its venv is not activated.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1", "PATH": path} | extra
+    return this_python_first(os.environ) | {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"} | extra
 
 
 def _group_alive(pgid: int) -> bool:

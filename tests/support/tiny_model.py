@@ -30,13 +30,13 @@ from thermal2visible.paths import (
     TRAIN_METRICS,
 )
 from thermal2visible.inference.request_budget import ServedLimits
-from thermal2visible.records import write_record
+from thermal2visible.stage_records import write_record
 from thermal2visible.onnx_export import cache_to_model_input, export_generator
 from thermal2visible.registry.gate import Registered, register
 from thermal2visible.registry.packing import pyfunc_arguments
 from thermal2visible.models.payloads import load_generator, save_generator
 from thermal2visible.models.networks import build_generator
-from thermal2visible.tracking.figures import save_psnr_curve
+from thermal2visible.tracking.plots import save_psnr_curve
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, data_hash, file_digest
 
 

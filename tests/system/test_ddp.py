@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from thermal2visible.paths import MANIFEST
 from thermal2visible.data.datamodule import PairedDataModule
-from thermal2visible.data.pairs import model_batch
+from thermal2visible.data.dataset import model_batch
 from thermal2visible.metrics import image_scores, to_unit
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks

@@ -109,7 +109,7 @@ def test_the_tracking_server_recipe_starts_postgresql_and_serves_logins_as_root_
     home.mkdir()
     addresses = {"127.0.0.1:5432": f"127.0.0.1:{port}"}
     env = quiet_env(HOME=str(home), PGHOST=str(folder), PGPORT=str(port))
-    env["PATH"] = f"{bin_}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env["PATH"] = f"{bin_}{os.pathsep}{env['PATH']}"
     import flask_wtf  # noqa: F401  (what the setup's `pip install -e ".[team]"` installs, beside psycopg)
 
     bash(locally(marked("team.md", "needs postgresql"), addresses), tmp_path, env)
@@ -244,7 +244,7 @@ def test_a_demo_stopped_by_ctrl_c_during_a_stage_leaves_no_committed_file_delete
     assert "thermal2visible.demo_record" in repro  # it runs when dvc repro stops, before make gives up
     with (project / "pipelines/evaluate.py").open("a") as script:
         script.write("# changed: evaluate runs again\n")
-    env = quiet_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = quiet_env()
     demo = subprocess.Popen(
         ["bash", "-c", repro], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
@@ -276,6 +276,6 @@ def test_the_folder_remote_of_the_team_guide_takes_a_push(pipeline_project, tmp_
     project = committed_copy(pipeline_project, tmp_path / "project")
     remote = after("team.md", "## A DVC remote")
     [folder_remote] = [line.split(": ", 1)[1] for line in remote.splitlines() if line.startswith("#   or a folder")]
-    env = quiet_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = quiet_env()
     bash(f"{locally(folder_remote, {'/mnt/team/dvc': str(tmp_path / 'remote')})}\ndvc push -q", project, env)
     assert any(path.is_file() for path in (tmp_path / "remote").rglob("*"))  # the models, in DVC's layout

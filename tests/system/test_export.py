@@ -22,7 +22,7 @@ from thermal2visible.onnx_export import cache_to_model_input, check_parity, expo
 from thermal2visible.inference.session import onnx_metadata, onnx_session, run_onnx
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT
-from thermal2visible.records import read_record
+from thermal2visible.stage_records import read_record
 from thermal2visible.tracking.digests import data_hash
 
 ROOT = Path(__file__).resolve().parents[2]

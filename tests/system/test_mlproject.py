@@ -93,7 +93,7 @@ def test_an_undeclared_mlproject_parameter_is_refused_naming_the_right_form(proj
 def test_a_preset_this_machine_cannot_run_is_refused_before_anything_changes(project_copy):
     before = (project_copy / "params.yaml").read_text()
     result = subprocess.run(
-        [sys.executable, "-m", "thermal2visible.exp_run", "--preset", str(REPO / PAPER_GPU)],
+        [sys.executable, "-m", "thermal2visible.dvc_experiment", "--preset", str(REPO / PAPER_GPU)],
         cwd=project_copy,
         capture_output=True,
         text=True,

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 from tests.support.servers import free_port
+from thermal2visible.cli import this_python_first
 
 from thermal2visible.models.networks import build_generator
 
@@ -43,12 +43,11 @@ def digest_of_checkpoint(project: Path) -> str:
 
 def start_nodes(folders: list[Path]) -> list[subprocess.Popen]:
     """torchrun.sh (this venv's torchrun) on node ranks 0 and 1, node r in folders[r], each in its own session."""
-    env = os.environ | {
+    env = this_python_first(os.environ) | {
         "NNODES": "2",
         "NPROC_PER_NODE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     return [
         subprocess.Popen(

@@ -30,7 +30,7 @@ from tests.support.tiny_model import export_tiny, register_tiny
 
 from thermal2visible.data.images import read_image
 from thermal2visible.paths import EXPORT_METRICS, EXPORT_REPORT, MANIFEST
-from thermal2visible.records import read_record
+from thermal2visible.stage_records import read_record
 from thermal2visible.imports import PACKAGE
 from thermal2visible.inference.session import onnx_session, run_onnx
 from thermal2visible.models.payloads import load_generator
@@ -303,7 +303,7 @@ def test_the_registered_model_packs_the_inference_code_alone_and_runs_on_it(
         name
         for name in packed
         if name.split("/")[0] in ("training", "tracking", "studies", "dev")
-        or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "exp_run.py", "cli.py")
+        or name in ("checkpoints.py", "study.py", "ui.py", "servers.py", "dvc_experiment.py", "cli.py")
     ]
     done = subprocess.run(
         [sys.executable, "-c", IMPORTED, str(local), FRAMES[0]], capture_output=True, text=True, timeout=120

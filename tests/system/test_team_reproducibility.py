@@ -34,7 +34,7 @@ from tests.support.servers import free_port, mlflow_server, quiet_env, running
 from thermal2visible.registry.gate import CHAMPION, registered_model_name
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT, stage_paths
-from thermal2visible.records import read_record
+from thermal2visible.stage_records import read_record
 from thermal2visible.tracking.publish import evaluation_metrics
 from thermal2visible.tracking.digests import file_digest
 

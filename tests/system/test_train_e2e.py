@@ -15,7 +15,7 @@ from thermal2visible.data.cache import build_cache
 from thermal2visible.data.ingest import ingest
 from thermal2visible.models.payloads import load_generator
 from thermal2visible.paths import EVAL_METRICS, EVAL_REPORT
-from thermal2visible.records import read_record
+from thermal2visible.stage_records import read_record
 from thermal2visible.tracking.digests import file_digest
 from thermal2visible.training.precision import resolve_channels_last
 from tests.support.figures import assert_drawn

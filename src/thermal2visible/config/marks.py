@@ -9,7 +9,7 @@ NEVER_ABSENT = object()
 
 def defines_weights(before: object = NEVER_ABSENT):
     """A key that defines the trained weights: it enters the run's fingerprint, so a checkpoint of a run with another
-    value never continues (training.resume.run_fingerprint). `before`: for a key added after runs and models were
+    value never continues (training.fingerprint.run_fingerprint). `before`: for a key added after runs and models were
     stored, the value they all had: a stored file lacking the key reads as having it (config.stored). (A run begun
     before the key existed starts afresh all the same: the fingerprint holds the code, and the key changed it.)"""
     return field(metadata={"weights": True, "before": before})

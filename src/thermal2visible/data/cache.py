@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import PreprocessConfig
-from thermal2visible.usable_cores import usable_cores
+from thermal2visible.cpu_limits import usable_cores
 from thermal2visible.data.align import Fit, Registration, Rig, aligned, register
 from thermal2visible.data.cache_files import JITTER, SPLITS, array_file, load_manifest
 from thermal2visible.data.ingest import read_pair

@@ -1,4 +1,4 @@
-"""PairedDataModule: the preprocessed cache as Lightning batches (data/pairs.py makes them).
+"""PairedDataModule: the preprocessed cache as Lightning batches (data/dataset.py makes them).
 
 The loader moves the cache's compact integers; `on_after_batch_transfer` turns each batch into the model's space
 after it reached the device. The pix2pix jitter crops and flips each training batch, cached at the jitter side, there
@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from thermal2visible.config.schema import LoaderConfig
 from thermal2visible.errors import PipelineError
 from thermal2visible.data.cache_files import JITTER, SPLITS, load_manifest
-from thermal2visible.data.pairs import CachedPairs, StoredRows, batch_as_is, jittered, model_batch, stored_split
+from thermal2visible.data.dataset import CachedPairs, StoredRows, batch_as_is, jittered, model_batch, stored_split
 
 
 def free_memory(device: torch.device) -> int:

@@ -34,7 +34,7 @@ class GeneratorMetadata(TypedDict, total=False):
     psnr: float
     psnr_smoothed: float
     preprocess: dict  # the cache's preprocess settings: what the generator's images went through
-    fingerprint: str | None  # the training run's (training.resume.run_fingerprint)
+    fingerprint: str | None  # the training run's (training.fingerprint.run_fingerprint)
     data_hash: str
 
 

@@ -6,7 +6,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import MLFlowLogger
 
-from thermal2visible.tracking.figures import comparison_grid
+from thermal2visible.tracking.plots import comparison_grid
 
 
 class ImageGridLogger(Callback):

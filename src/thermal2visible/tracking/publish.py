@@ -15,7 +15,7 @@ import csv
 from thermal2visible.config.schema import Params
 from thermal2visible.errors import PipelineError
 from thermal2visible import paths
-from thermal2visible.records import read_record
+from thermal2visible.stage_records import read_record
 from thermal2visible.tracking.runs import log_artifact, newest_run, start_run
 from thermal2visible.tracking.digests import GENERATOR_DIGEST, file_digest
 from thermal2visible.tracking.store import open_store, tracking_uri

@@ -31,7 +31,7 @@ from thermal2visible.models.small_convs import small_convs_as_matmul
 from thermal2visible.training.losses import adversarial_loss, feature_matching
 from thermal2visible.training.moving_average import MovingAverage
 from thermal2visible.training.precision import OncePerIterationScaler
-from thermal2visible.training.undo import StepUndo, finite_everywhere
+from thermal2visible.training.nonfinite_steps import StepUndo, finite_everywhere
 
 
 class TrainingDiverged(PipelineError):

@@ -8,7 +8,8 @@ import os
 import shutil
 from pathlib import Path
 
-from thermal2visible.training.resume import FINGERPRINT, UNREADABLE
+from thermal2visible.training.fingerprint import FINGERPRINT
+from thermal2visible.training.resume import UNREADABLE
 
 
 def prune_parked(directory: Path, running: str, keep: int) -> list[str]:

@@ -1,5 +1,5 @@
 """Which device, precision and memory layout a run takes: `auto` resolved on this machine. The resolved precision,
-not the word `auto`, defines a run's weights (resume.run_fingerprint), so a run resolves its `RunDevice` once and
+not the word `auto`, defines a run's weights (fingerprint.run_fingerprint), so a run resolves its `RunDevice` once and
 passes it to its fingerprint, its tags and its Trainer."""
 
 from __future__ import annotations

@@ -11,11 +11,9 @@ The protocol:
   1. Every file is written to `<name>.<pid>.tmp` beside it, then renamed over it (`models.payloads.atomic_save`, which
      Lightning's checkpoints go through too: `training.checkpoint_io`): a kill mid-write leaves the previous file whole,
      and a stray `.tmp` is never read.
-  2. Every checkpoint carries a stamp: the run's fingerprint (a hash of everything that defines the trained weights:
-     the keys config/schema.py marks `defines_weights()`, with the precision, layout, thread count and kernels they
-     mean on this machine, the cache's files, the recognizer, and the code that makes the weights with the libraries
-     it imports: `training_code`) and its MLflow run id. The keys marked `stops_training()` stay out: a checkpoint
-     continues under other values that would not have stopped it before its last epoch (`StopRule`).
+  2. Every checkpoint carries a stamp: the run's fingerprint (training.fingerprint: a hash of everything that
+     defines the trained weights) and its MLflow run id. The keys marked `stops_training()` stay out of it: a
+     checkpoint continues under other values that would not have stopped it before its last epoch (`StopRule`).
   3. At start, `find_resume` continues from last.ckpt only when its fingerprint is this run's; otherwise the old
      run's files are parked in checkpoints/<its fingerprint>/ (the train.keep_parked_runs most recent parked runs
      are kept: training.parked_runs) and this run continues its own parked files, or starts afresh. One training at a
@@ -29,8 +27,8 @@ The protocol:
      PsnrEarlyStopping._keep_best), so a kill never leaves a best file the resumed run disagrees with.
   6. An epoch's metrics reach MLflow only once its checkpoint exists, and a resumed run logs those the checkpoint
      holds and MLflow lacks (tracking.CheckpointedMLFlowLogger, MetricsInCheckpoint): none logged twice.
-  7. A job of several processes resumes as one: rank 0 alone decides, parks and restores (training.job), the other
-     processes adopt its decision; before any checkpoint is loaded or any step taken every process checks that it
+  7. A job of several processes resumes as one: rank 0 alone decides, parks and restores (training.resume_decision), the
+     other processes adopt its decision; before any checkpoint is loaded or any step taken every process checks that it
      sees the checkpoint rank 0 chose (`ResumeAgreement`): nodes that do not see the same checkpoints/ stop together,
      naming what each found, instead of drifting apart.
 """
@@ -38,13 +36,8 @@ The protocol:
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import inspect
-import json
 import os
 import re
-import socket
-from functools import cache
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,64 +48,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 
-from thermal2visible.config.schema import Params
-
-from thermal2visible.config.stored import weight_defining
 from thermal2visible.errors import PipelineError
-from thermal2visible.imports import PACKAGE, code_digest
+from thermal2visible.training.fingerprint import FINGERPRINT
 from thermal2visible.training.early_stopping import StopRule, checkpoint_history
-from thermal2visible.paths import PIPELINES
-from thermal2visible.training.precision import RunDevice, kernels, run_device
-from thermal2visible.training.threads import threads_per_process
 
 STAMP = "thermal2visible_run"  # checkpoint key: which run this checkpoint continues
 LAST = "last"  # the checkpoint after every epoch: last.ckpt
-FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # what run_fingerprint returns, and so the only name a parked folder has
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id
 UNREADABLE = "unreadable"  # where a checkpoint whose stamp cannot be trusted is parked
-TRAINING_SCRIPT = PACKAGE.parents[1] / PIPELINES / "train.py"  # in the project the package belongs to
-
-
-@cache
-def training_code() -> str:
-    """The digest of the code that makes the weights: the train stage's script itself (not what it imports), and
-    the import closures of what it fits (the LightningModule, its networks, the data module, the Trainer) and of
-    the early stopping that picks the kept epoch. Tracking, figures, progress lines, records and messages are left
-    out, and so are the libraries only they import: rewording a message or upgrading MLflow continues a run."""
-    # here, not at the top: the training modules import this one
-    from thermal2visible.data.datamodule import PairedDataModule
-    from thermal2visible.models.networks import build_networks
-    from thermal2visible.training.early_stopping import PsnrEarlyStopping
-    from thermal2visible.training.module import Pix2Pix
-    from thermal2visible.training.trainer import build_trainer
-
-    fitted = (Pix2Pix, build_networks, PairedDataModule, build_trainer, PsnrEarlyStopping)
-    return code_digest([TRAINING_SCRIPT], [Path(inspect.getsourcefile(part)) for part in fitted])
-
-
-def run_fingerprint(
-    params: Params, data_hash: str, recognizer_hash: str | None = None, device: RunDevice | None = None
-) -> str:
-    """Hash of what defines the trained weights: a checkpoint continues only a run with the same fingerprint.
-    `device`: the run's resolved one (by default `run_device(params.train)`)."""
-    t, device = params.train, device or run_device(params.train)
-    defining = {
-        section: {key: getattr(getattr(params, section), key) for key in keys}
-        for section, keys in weight_defining().items()
-    }
-    # What `auto` and `cores` mean on this machine, not the words: a checkpoint carried to a machine (or a container,
-    # a taskset, an OMP_NUM_THREADS) where they mean another precision, layout or thread count, or whose kernels
-    # round otherwise, starts afresh.
-    defining["train"] |= {
-        "precision": device.precision,
-        "channels_last": device.channels_last,
-        "threads": threads_per_process(t.threads, device.accelerator, t.devices),
-        "kernels": kernels(device.accelerator),
-        # the cap stops a run (StopRule) and shapes the weights only through the learning rate's decay, which ends there
-        "lr_decay_ends": t.max_epochs if t.lr_decay_epochs else None,
-    }
-    defining |= {"data": data_hash, "recognizer": recognizer_hash, "code": training_code()}
-    return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class RunStamp(Callback):
@@ -123,43 +66,6 @@ class RunStamp(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         checkpoint[STAMP] = dict(self.stamp)
-
-
-def resume_view(checkpoint: Path | None) -> str:
-    """What a rank would continue: the checkpoint's run and position as this rank's disk holds it, or a fresh start."""
-    if checkpoint is None:
-        return "a fresh start"
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-        fingerprint, epoch, step = state[STAMP]["fingerprint"], state["epoch"], state["global_step"]
-    except FileNotFoundError:
-        return f"{checkpoint} (missing)"
-    except Exception as error:  # a damaged or foreign file: what this rank sees, for the error every rank raises
-        return f"{checkpoint} (unreadable: {type(error).__name__})"
-    return f"{checkpoint} (fingerprint {fingerprint}, epoch {epoch}, step {step})"
-
-
-class ResumeAgreement(Callback):
-    """Rank 0 decides how the job resumes (training.job); every other rank adopts the decision. Before any checkpoint
-    is loaded or any step taken, each rank's view of that checkpoint is compared with rank 0's; where one differs
-    (nodes that do not share checkpoints/), every rank stops with the same error naming what each found, instead of
-    one node continuing and the others failing or starting afresh: Adam states that differ, replicas that drift,
-    ranks that stop at different epochs and hang."""
-
-    def __init__(self, resume_from: Path | None):
-        self.resume_from = resume_from
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if trainer.world_size == 1:  # nothing to agree with: a single process never reads its checkpoint twice
-            return
-        views = [None] * trainer.world_size
-        torch.distributed.all_gather_object(views, (socket.gethostname(), resume_view(self.resume_from)))
-        if any(view != views[0][1] for _, view in views):
-            found = "; ".join(f"rank {rank} on {host}: {view}" for rank, (host, view) in enumerate(views))
-            raise PipelineError(
-                f"the job's processes disagree on how to resume ({found}). Rank 0 decides for the job: every node "
-                "must see the same checkpoints/ (a shared file system, or a copy of node 0's folder on each node)"
-            )
 
 
 def last_checkpoint(directory: Path) -> Path:
@@ -202,7 +108,7 @@ def find_resume(
     directory: Path, fingerprint: str, mode: str, stale: Sequence[Path] = (), rule: StopRule | None = None
 ) -> tuple[Path | None, str | None]:
     """(checkpoint to continue from, its stamp's MLflow run id), or (None, None) for a fresh start. Rank 0's alone:
-    it moves files (training.job hands its decision to the other processes).
+    it moves files (training.resume_decision hands its decision to the other processes).
 
     Resume state is kept per fingerprint: another run's last.ckpt and `stale` files are parked in
     `directory/<its fingerprint>/` (kept within training.parked_runs' bound), and brought back when a run of that

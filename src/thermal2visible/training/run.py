@@ -26,20 +26,20 @@ from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.errors import PipelineError
 from thermal2visible.models.networks import build_networks
 from thermal2visible.paths import BEST_GENERATOR, CHECKPOINTS
-from thermal2visible.records import write_record
+from thermal2visible.stage_records import write_record
 from thermal2visible.tracking.checkpointed_logger import CheckpointedMLFlowLogger, MetricsInCheckpoint
-from thermal2visible.tracking.figures import save_psnr_curve
+from thermal2visible.tracking.plots import save_psnr_curve
 from thermal2visible.tracking.grid_logger import ImageGridLogger
 from thermal2visible.tracking.publish import FINGERPRINT_TAG, TRAINING_SECTIONS, log_training_record
 from thermal2visible.tracking.runs import start_run
 from thermal2visible.tracking.store import open_store, tracking_uri
 from thermal2visible.training.early_stopping import PsnrEarlyStopping, StopRule
-from thermal2visible.training.job import decide_resume
+from thermal2visible.training.resume_decision import ResumeAgreement, decide_resume
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.parked_runs import prune_parked
 from thermal2visible.training.precision import RunDevice
 from thermal2visible.training.progress import EpochLine
-from thermal2visible.training.resume import ResumeAgreement, checkpointing, last_checkpoint
+from thermal2visible.training.resume import checkpointing, last_checkpoint
 from thermal2visible.training.trainer import build_trainer, process_group_backend, world_size
 
 # What a later start reads to close this run as KILLED when its process died before it finished.

@@ -9,7 +9,7 @@ With one thread fewer the run computes on the cores that are free.
 `cores` keeps a thread per usable core, as before. `auto` starts so and, while a single-process CPU run steps, it
 counts the CPU time that every other process spends on the cores it may use:
 /proc/stat's busy time of those cores less this process's own (/proc/self/stat), over its steps only. A training that
-takes turns with this one (turns.TakeTurns) waits while this one steps, so it does not count. Every WINDOW_S
+takes turns with this one (shared_cores.TakeTurns) waits while this one steps, so it does not count. Every WINDOW_S
 seconds of steps the free cores decide the count; it moves only when they are HYSTERESIS or more away from it, so a
 neighbour near half a core does not make it flap. DDP processes keep their share of the cores (GanDDPStrategy).
 
@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import MLFlowLogger
 
-from thermal2visible.usable_cores import usable_cores
+from thermal2visible.cpu_limits import usable_cores
 
 WINDOW_S = 2.0  # seconds of steps per decision: /proc counts in ticks of 10 ms, so this is +-0.1 core
 HYSTERESIS = 0.6  # cores between the free cores and the count in use before the count moves

@@ -22,7 +22,7 @@ from thermal2visible.training.allocator import keep_freed_memory
 from thermal2visible.training.precision import ChannelsLast, RunDevice, run_device
 from thermal2visible.training.random_streams import RandomStreams
 from thermal2visible.training.checkpoint_io import AtomicCheckpointIO
-from thermal2visible.training.turns import TakeTurns
+from thermal2visible.training.shared_cores import TakeTurns
 from thermal2visible.training.threads import FreeCoreThreads, threads_per_process
 from thermal2visible.training.throughput import Throughput
 

@@ -14,7 +14,7 @@ from thermal2visible.config.schema import SECTIONS
 from thermal2visible.config.stored import marked, stored_section, weight_defining
 from thermal2visible.errors import ConfigError
 from thermal2visible.models.networks import check_networks
-from thermal2visible.exp_run import dvc_command
+from thermal2visible.dvc_experiment import dvc_command
 
 REPO_PARAMS = SHIPPED_FROM
 
@@ -165,7 +165,7 @@ def test_every_preset_loads_and_changes_what_it_names(preset):
 
 
 def test_a_preset_survives_a_shell_split_as_dvc_exp_run_settings():
-    """thermal2visible.exp_run takes settings as one space-separated string (MLproject's `set`): a preset's
+    """thermal2visible.dvc_experiment takes settings as one space-separated string (MLproject's `set`): a preset's
     settings must split back into the same ones."""
     settings = preset_overrides("params/paper_gpu.yaml")
     command = dvc_command("all", " ".join(settings).split())

@@ -12,7 +12,7 @@ import torch
 
 from thermal2visible.data.cache_files import JITTER, load_manifest, load_split
 from thermal2visible.data.datamodule import PairedDataModule
-from thermal2visible.data.pairs import CachedPairs, StoredRows, jittered, model_batch
+from thermal2visible.data.dataset import CachedPairs, StoredRows, jittered, model_batch
 from thermal2visible.errors import PipelineError
 from thermal2visible.data.ingest import read_pair
 from thermal2visible.data.preprocess import prepare_thermal, prepare_visible
@@ -172,7 +172,7 @@ DDP_SCRIPT = textwrap.dedent("""
     from lightning.pytorch import LightningModule, Trainer
     from thermal2visible.config.load import load_params
     from thermal2visible.data.datamodule import PairedDataModule
-    from thermal2visible.data.pairs import CachedPairs, model_batch, stored_split
+    from thermal2visible.data.dataset import CachedPairs, model_batch, stored_split
 
     class Recorder(LightningModule):
         def __init__(self):

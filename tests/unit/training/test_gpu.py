@@ -19,7 +19,7 @@ from thermal2visible.data.synthetic import synthesize
 from thermal2visible.errors import PipelineError
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
-from thermal2visible.training.turns import TakeTurns
+from thermal2visible.training.shared_cores import TakeTurns
 from thermal2visible.training.trainer import build_trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")

@@ -11,7 +11,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from thermal2visible.metrics import image_scores, score_means, to_unit
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
-from thermal2visible.training.resume import run_fingerprint
+from thermal2visible.training.fingerprint import run_fingerprint
 from thermal2visible.training import precision as precision_module
 from thermal2visible.training.precision import OncePerIterationScaler, RunDevice, resolve_precision, run_device
 from thermal2visible.training.trainer import build_trainer
@@ -183,7 +183,7 @@ def test_validation_scores_are_fp32_scores_of_the_saved_weights_under_bf16_mixed
     """bf16 autocast cancels SSIM's variance terms (0.28 against 0.72 on the demo): validation must score what
     evaluate scores, the fp32 generator on the same images."""
     from thermal2visible.data.datamodule import PairedDataModule
-    from thermal2visible.data.pairs import model_batch
+    from thermal2visible.data.dataset import model_batch
 
     data = PairedDataModule(
         tiny_cache, 4, shipped("loader", num_workers=0, pin_memory=False, preload=True, jitter=True)

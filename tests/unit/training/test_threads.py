@@ -17,7 +17,7 @@ from thermal2visible.models.networks import build_networks
 from thermal2visible.training import threads
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.training.trainer import build_trainer
-from thermal2visible.usable_cores import usable_cores
+from thermal2visible.cpu_limits import usable_cores
 
 
 def test_the_count_moves_only_when_the_free_cores_are_far_from_it():

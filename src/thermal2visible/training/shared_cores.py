@@ -7,11 +7,11 @@ would end that but change the weights: a reduction over one thread rounds otherw
 params would train another model beside a neighbour. So the project's runs keep their threads and take turns: each
 training and validation step holds one lock per user and machine, the steps of two runs alternate at full speed,
 and the rest of their work (loading, logging, other stages) overlaps. Other programs take no turns: the threads
-follow the cores they leave free (threads.FreeCoreThreads). OpenMP's idle spin is shortened first (spin.py), so a
+follow the cores they leave free (threads.FreeCoreThreads). OpenMP's idle spin is shortened first (openmp_spin.py), so a
 thread that finished its share of a step does not hold its core into the other run's turn.
 """
 
-from thermal2visible.training import spin  # noqa: I001 (first: before Lightning loads torch)
+from thermal2visible.training import openmp_spin  # noqa: I001 (first: before Lightning loads torch)
 
 import fcntl
 import os
@@ -51,10 +51,10 @@ class TakeTurns(Callback):
         if trainer.world_size == 1 and trainer.strategy.root_device.type == "cpu":
             if os.getpid() not in self.files:
                 self.files[os.getpid()] = own_turns_file()
-                if not spin.IN_TIME:
+                if not openmp_spin.IN_TIME:
                     print(
-                        f"training: torch was imported before {spin.__name__}, so OpenMP keeps its long idle spin and "
-                        "a training beside this one slows more than it need; import it first, or set "
+                        f"training: torch was imported before {openmp_spin.__name__}, so OpenMP keeps its long idle "
+                        "spin and a training beside this one slows more than it need; import it first, or set "
                         "GOMP_SPINCOUNT=10000 in the environment"
                     )
             self.turns = self.files[os.getpid()]

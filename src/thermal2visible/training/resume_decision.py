@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
 from thermal2visible.errors import PipelineError
 from thermal2visible.training.early_stopping import StopRule
-from thermal2visible.training.resume import find_resume
+from thermal2visible.training.resume import STAMP, find_resume
 
 DECISION = "THERMAL2VISIBLE_RESUME"  # rank 0's decision, in the environment of the processes it starts
 
@@ -84,3 +86,40 @@ def decide_resume(
     decision = [find_resume(directory, fingerprint, mode, stale, rule) if environment.global_rank() == 0 else None]
     torch.distributed.broadcast_object_list(decision, src=0)
     return decision[0]
+
+
+def resume_view(checkpoint: Path | None) -> str:
+    """What a rank would continue: the checkpoint's run and position as this rank's disk holds it, or a fresh start."""
+    if checkpoint is None:
+        return "a fresh start"
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        fingerprint, epoch, step = state[STAMP]["fingerprint"], state["epoch"], state["global_step"]
+    except FileNotFoundError:
+        return f"{checkpoint} (missing)"
+    except Exception as error:  # a damaged or foreign file: what this rank sees, for the error every rank raises
+        return f"{checkpoint} (unreadable: {type(error).__name__})"
+    return f"{checkpoint} (fingerprint {fingerprint}, epoch {epoch}, step {step})"
+
+
+class ResumeAgreement(Callback):
+    """Rank 0 decides how the job resumes (training.resume_decision); every other rank adopts the decision. Before any
+    checkpoint is loaded or any step taken, each rank's view of that checkpoint is compared with rank 0's; where one
+    differs (nodes that do not share checkpoints/), every rank stops with the same error naming what each found, instead
+    of one node continuing and the others failing or starting afresh: Adam states that differ, replicas that drift,
+    ranks that stop at different epochs and hang."""
+
+    def __init__(self, resume_from: Path | None):
+        self.resume_from = resume_from
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.world_size == 1:  # nothing to agree with: a single process never reads its checkpoint twice
+            return
+        views = [None] * trainer.world_size
+        torch.distributed.all_gather_object(views, (socket.gethostname(), resume_view(self.resume_from)))
+        if any(view != views[0][1] for _, view in views):
+            found = "; ".join(f"rank {rank} on {host}: {view}" for rank, (host, view) in enumerate(views))
+            raise PipelineError(
+                f"the job's processes disagree on how to resume ({found}). Rank 0 decides for the job: every node "
+                "must see the same checkpoints/ (a shared file system, or a copy of node 0's folder on each node)"
+            )

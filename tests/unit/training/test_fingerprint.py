@@ -1,4 +1,4 @@
-"""The run fingerprint (training/resume.py): it changes with what defines the weights and nothing else."""
+"""The run fingerprint (training/fingerprint.py): it changes with what defines the weights and nothing else."""
 
 import copy
 import dataclasses
@@ -6,7 +6,7 @@ import dataclasses
 
 from thermal2visible.config.schema import SECTIONS
 from thermal2visible.config.stored import marked
-from thermal2visible.training.resume import run_fingerprint
+from thermal2visible.training.fingerprint import run_fingerprint
 from thermal2visible.training import precision as precision_module
 from tests.support.shipped import SHIPPED
 

@@ -16,7 +16,7 @@ from lightning.pytorch import Callback
 from thermal2visible.data.datamodule import PairedDataModule
 from thermal2visible.training.module import Pix2Pix
 from thermal2visible.models.networks import build_networks
-from thermal2visible.training.turns import TURNS
+from thermal2visible.training.shared_cores import TURNS
 from thermal2visible.training.trainer import build_trainer
 
 
@@ -67,7 +67,7 @@ def test_a_cgroup_cpu_quota_caps_the_cores_a_process_uses(tmp_path):
         try:
             for name, value in limit.items():
                 (group / name).write_text(value)
-            probe = "from thermal2visible.usable_cores import *; print(cpu_quota(), usable_cores())"
+            probe = "from thermal2visible.cpu_limits import *; print(cpu_quota(), usable_cores())"
             command = f'echo $$ > {group / "cgroup.procs"} && exec {sys.executable} -c "{probe}"'
             answer = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
         finally:
@@ -82,20 +82,21 @@ import sys
 from types import SimpleNamespace
 if sys.argv[1] == "torch first":
     import torch  # noqa: F401
-from thermal2visible.training import turns
-callback = turns.TakeTurns()
+from thermal2visible.training import shared_cores
+callback = shared_cores.TakeTurns()
 callback.files = {}
 device = SimpleNamespace(type="cpu")
 callback.setup(SimpleNamespace(world_size=1, strategy=SimpleNamespace(root_device=device)), None, "fit")
-print("spin in time:", turns.spin.IN_TIME)
+print("spin in time:", shared_cores.openmp_spin.IN_TIME)
 """
 
 
 @pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.parametrize("order", ["turns first", "torch first"])
 def test_a_process_that_loaded_torch_before_the_spin_was_set_says_so_when_it_takes_turns(order, tmp_path):
-    """OpenMP reads GOMP_SPINCOUNT when torch loads it: a process that imports torch before training/spin.py (which
-    turns.py imports first) trains with the long spin, and says so; one that imports turns.py first says nothing."""
+    """OpenMP reads GOMP_SPINCOUNT when torch loads it: a process that imports torch before training/openmp_spin.py
+    (which shared_cores.py imports first) trains with the long spin, and says so; one that imports shared_cores.py
+    first says nothing."""
     environment = {key: value for key, value in os.environ.items() if key != "GOMP_SPINCOUNT"}
     environment["XDG_RUNTIME_DIR"] = str(tmp_path)  # its own turns file
     said = subprocess.run(
@@ -103,4 +104,4 @@ def test_a_process_that_loaded_torch_before_the_spin_was_set_says_so_when_it_tak
     ).stdout
     late = order == "torch first"
     assert f"spin in time: {not late}" in said
-    assert ("torch was imported before thermal2visible.training.spin" in said) is late
+    assert ("torch was imported before thermal2visible.training.openmp_spin" in said) is late

@@ -1,8 +1,8 @@
 """A DVC experiment of params.yaml with a preset or settings over it, refused before any stage runs when it could not
 run on this machine; also what `mlflow run . -e STAGE -P set="section.key=value ..."` runs.
 
-    python -m thermal2visible.exp_run [STAGE|all] ["section.key=value ..."] [--preset FILE] [--set section.key=value]
-                                         [--queue] [--name NAME]
+    python -m thermal2visible.dvc_experiment [STAGE|all] ["section.key=value ..."] [--preset FILE]
+                                             [--set section.key=value] [--queue] [--name NAME]
 
 `dvc exp run [STAGE] -S section.key=value ...` writes the settings into params.yaml, runs what changed and records
 it in dvc.lock and a DVC experiment, so params.yaml, dvc.lock and the MLflow runs always describe the same model.
@@ -16,24 +16,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
-from typing import Mapping
 
 import torch
 
 from thermal2visible.cli import add_overrides
+from thermal2visible.cli import this_python_first
 from thermal2visible.config.load import load_params, preset_overrides
 from thermal2visible.errors import ConfigError
 from thermal2visible.models.networks import check_networks
 from thermal2visible.training.precision import resolve_accelerator
 
 MLPROJECT_USAGE = 'the only MLproject parameter is set, e.g. -P set="train.batch_size=16 train.max_epochs=50"'
-
-
-def this_python_first(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` with this interpreter's folder first on PATH: the stages DVC runs call `python` by name, and it must be
-    this environment's even where the venv is not active."""
-    return {**env, "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")}
 
 
 def dvc_command(stage: str, settings: list[str], queue: bool = False, name: str | None = None) -> list[str]:
@@ -56,7 +49,7 @@ def refuse_unrunnable(settings: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     summary = __doc__.split("\n\n")[0].replace("\n", " ")  # the docstring's first sentence, whole
-    parser = argparse.ArgumentParser(prog="python -m thermal2visible.exp_run", description=summary)
+    parser = argparse.ArgumentParser(prog="python -m thermal2visible.dvc_experiment", description=summary)
     parser.add_argument(
         "stage", nargs="?", default="all", help="a stage of dvc.yaml, data/dvc.yaml:synthesize, or all (default)"
     )

@@ -1,5 +1,5 @@
-"""Non-finite steps (training/undo.py): a bad step is skipped and undone whole, the budget of bad steps stops a
-diverging run and survives a resume, as the loss scale does."""
+"""Non-finite steps (training/nonfinite_steps.py): a bad step is skipped and undone whole, the budget of bad steps
+stops a diverging run and survives a resume, as the loss scale does."""
 
 import math
 

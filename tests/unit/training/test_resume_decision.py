@@ -1,7 +1,7 @@
 """One resume decision per job, under the real torchrun: rank 0 decides (parking another run's checkpoint, bringing
 back its own) and the other rank adopts that decision even when it gets there first, with nothing on disk yet
 decided. This file is also the script torchrun runs
-(`torchrun ... tests/unit/training/test_resume_job.py FOLDER OUT FP0 FP1`)."""
+(`torchrun ... tests/unit/training/test_resume_decision.py FOLDER OUT FP0 FP1`)."""
 
 import json
 import os
@@ -22,7 +22,7 @@ OUR_RUN, OTHER_RUN = "1" * 32, "2" * 32
 
 def decide_on_this_rank(folder: Path, out: Path, fingerprints: list[str]) -> None:
     """A rank of the job: rank 0 comes late, so rank 1 would look at the folder first if it could."""
-    from thermal2visible.training.job import decide_resume
+    from thermal2visible.training.resume_decision import decide_resume
 
     rank = int(os.environ["RANK"])
     if rank == 0:

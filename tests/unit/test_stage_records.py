@@ -5,7 +5,7 @@ import json
 import pytest
 
 from thermal2visible.errors import PipelineError
-from thermal2visible.records import read_record, write_record
+from thermal2visible.stage_records import read_record, write_record
 
 
 def test_numbers_go_to_metrics_the_rest_to_the_report_and_both_read_back_as_one(tmp_path):
