@@ -46,14 +46,19 @@ def mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (pred - target).pow(2).mean(dim=(1, 2, 3))
 
 
+# Every per-image score by name: validation logs each as val_<name>, the evaluate stage writes each to eval.json for
+# the generator and both baselines. A new score is a function above and its entry here.
+IMAGE_SCORES = {"psnr": psnr, "ssim": ssim, "mse": mse}
+
+
 def image_scores(pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-image psnr, ssim and mse of images in [0,1]."""
-    return {"psnr": psnr(pred, target), "ssim": ssim(pred, target), "mse": mse(pred, target)}
+    """Every IMAGE_SCORES score, per image, of images in [0,1]."""
+    return {name: score(pred, target) for name, score in IMAGE_SCORES.items()}
 
 
 def score_means(prefix: str = "") -> MetricCollection:
     """Running means of `image_scores` over a whole split; synchronised across processes under DDP."""
-    return MetricCollection({name: MeanMetric() for name in ("psnr", "ssim", "mse")}, prefix=prefix)
+    return MetricCollection({name: MeanMetric() for name in IMAGE_SCORES}, prefix=prefix)
 
 
 def rank1_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:

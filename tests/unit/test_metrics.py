@@ -72,3 +72,40 @@ def test_rank1_accuracy_and_verification_auc():
     assert verification_auc(people, people, labels) == 1.0
     assert verification_auc(people.flip(0), people, labels) == 0.0  # every probe closest to the other person
     assert verification_auc(people, people, torch.tensor([0, 0, 0, 0])) is None  # no different-person pair
+
+
+def test_a_score_given_an_entry_in_image_scores_reaches_validation_and_every_evaluated_prediction(
+    tiny_cache, tiny_params, monkeypatch, tmp_path
+):
+    """docs/contributing.md's recipe for a per-image score: a function and its entry in IMAGE_SCORES, no other file
+    changed. The evaluate stage's scoring writes it for the generator and both baselines (checked on the thermal
+    baseline against the same score computed here), and validation keeps its running mean as val_<name>."""
+    from thermal2visible import metrics
+    from thermal2visible.data.dataset import in_order
+    from thermal2visible.models.networks import build_networks
+    from thermal2visible.pixels import with_channels
+    from thermal2visible.training.module import Pix2Pix
+
+    def mean_absolute_error(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (pred - target).abs().mean(dim=(1, 2, 3))
+
+    monkeypatch.setitem(metrics.IMAGE_SCORES, "mae", mean_absolute_error)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
+    monkeypatch.chdir(tmp_path)
+    from pipelines.evaluate import evaluate
+
+    model, size = tiny_params.model, tiny_params.preprocess.image_size
+    generator, discriminator = build_networks(model, size, 1, 3)
+    results, _, _ = evaluate(generator, "eval", in_order(tiny_cache, "test", 4), channels=3)
+    assert all("mae" in scores for scores in results.values()) and set(results) >= {"generator", "baseline_thermal"}
+    errors = [
+        mean_absolute_error(to_unit(with_channels(batch["thermal"], 3)), to_unit(batch["visible"]))
+        for batch in in_order(tiny_cache, "test", 4)
+    ]
+    assert results["baseline_thermal"]["mae"] == pytest.approx(float(torch.cat(errors).mean()), rel=1e-5)
+    validation = Pix2Pix(generator, discriminator, tiny_params.train).val_scores
+    batch = next(iter(in_order(tiny_cache, "val", 4)))
+    for name, values in metrics.image_scores(to_unit(batch["visible"]), to_unit(batch["visible"])).items():
+        validation[name].update(values)
+    assert validation.compute()["val_mae"] == 0.0  # what validation logs: each image scored against itself
