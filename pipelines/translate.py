@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from thermal2visible.errors import ConfigError, PipelineError
 from thermal2visible.config.load import load_params
-from thermal2visible.data.images import IMAGE_SUFFIXES, read_bytes
+from thermal2visible.data.images import image_suffixes, read_bytes
 from thermal2visible.registry.version_files import load_registered, model_of_files
 from thermal2visible.inference.session import RunTimeLimit
 from thermal2visible.inference.serving import IMAGE, ThermalToVisible, to_base64
@@ -89,9 +89,9 @@ def refuse_overlap(source: Path, target: Path) -> None:
 def find_images(folder: Path) -> list[Path]:
     if not folder.is_dir():
         raise PipelineError(f"{folder}: no such input folder")
-    images = sorted(path for path in folder.rglob("*") if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES)
+    images = sorted(path for path in folder.rglob("*") if path.is_file() and path.suffix.lower() in image_suffixes())
     if not images:
-        raise PipelineError(f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) found")
+        raise PipelineError(f"{folder}: no images ({', '.join(image_suffixes())}) found")
     outputs = [path.relative_to(folder).with_suffix(".png") for path in images]
     if len(set(outputs)) != len(outputs):
         clash = next(out for out in outputs if outputs.count(out) > 1)

@@ -1,4 +1,4 @@
-"""Decode one PNG, JPEG or TIFF into a uint8/uint16/float array, or say exactly why it cannot be used.
+"""Decode one image file (the formats in FORMATS) into a uint8/uint16/float array, or say exactly why it cannot be used.
 
 The pixel count is checked from the header before any pixel is decoded, so a small file that claims a huge
 image (a decompression bomb) costs nothing. PNG and JPEG go through Pillow, which also applies the EXIF
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import io
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import tifffile
@@ -26,7 +28,6 @@ from thermal2visible.errors import PipelineError
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8\xff"
 TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 CHANNELS = "expected 1 (grey), 3 (RGB) or either with an opaque alpha"
 
 
@@ -49,6 +50,12 @@ def _check_size(width: int, height: int, source: str, max_pixels: int) -> None:
         )
 
 
+def _pillow_size(data: bytes, source: str) -> tuple[int, int]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data)).size
+
+
 def _decode_pillow(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     # Decoders fed hostile bytes raise assorted exception types; any of them means "cannot decode this file".
     try:
@@ -58,7 +65,7 @@ def _decode_pillow(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     except Image.DecompressionBombError as error:
         raise BadImage(source, f"decompression bomb refused before decoding: {error}") from None
     except Exception as error:
-        raise BadImage(source, f"unreadable {('PNG', 'JPEG')[data.startswith(JPEG_MAGIC)]} header ({error})") from None
+        raise BadImage(source, f"unreadable {format_of(data, source).name} header ({error})") from None
     _check_size(image.width, image.height, source, max_pixels)
     try:
         image.load()
@@ -92,6 +99,11 @@ def _tiff_size(tiff: tifffile.TiffFile, source: str) -> tuple[int, int]:
     return page.imagewidth, page.imagelength
 
 
+def _tiff_header_size(data: bytes, source: str) -> tuple[int, int]:
+    with tifffile.TiffFile(io.BytesIO(data)) as tiff:
+        return _tiff_size(tiff, source)
+
+
 def _decode_tiff(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     try:
         with tifffile.TiffFile(io.BytesIO(data)) as tiff:
@@ -107,6 +119,50 @@ def _decode_tiff(data: bytes, source: str, max_pixels: int) -> np.ndarray:
             raise MemoryError(str(error)) from None
         raise BadImage(source, f"truncated or corrupt TIFF ({error})") from None
     return np.moveaxis(pixels, axes.index("S"), -1) if "S" in axes else pixels
+
+
+@dataclass(frozen=True)
+class ImageFormat:
+    """A file format the pipeline reads. Its files are told by their first bytes (`magics`), never by their name;
+    `suffixes` are the names ingest and translate pick up. `header_size` gives (width, height) from the header alone,
+    raising BadImage for a header it refuses; `decode` checks the size against max_pixels (`_check_size`) before it
+    decodes a pixel, and returns HxW or HxWxC samples for `_checked`."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    magics: tuple[bytes, ...]
+    header_size: Callable[[bytes, str], tuple[int, int]]
+    decode: Callable[[bytes, str, int], np.ndarray]
+
+
+# Every format read. A new one is its two functions and its entry here: ingest, translate, serving and their
+# messages follow this tuple.
+FORMATS = (
+    ImageFormat("PNG", (".png",), (PNG_MAGIC,), _pillow_size, _decode_pillow),
+    ImageFormat("JPEG", (".jpg", ".jpeg"), (JPEG_MAGIC,), _pillow_size, _decode_pillow),
+    ImageFormat("TIFF", (".tif", ".tiff"), TIFF_MAGICS, _tiff_header_size, _decode_tiff),
+)
+
+
+def image_suffixes() -> tuple[str, ...]:
+    """The file names taken as images, lower case: every format's suffixes."""
+    return tuple(suffix for image_format in FORMATS for suffix in image_format.suffixes)
+
+
+def format_names() -> str:
+    """'PNG, JPEG or TIFF': the formats read, for messages."""
+    names = [image_format.name for image_format in FORMATS]
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def format_of(data: bytes, source: str) -> ImageFormat:
+    """The format `data` is in, by its first bytes; raises BadImage naming `source` for an empty or other file."""
+    if not data:
+        raise BadImage(source, "empty file (0 bytes)")
+    for image_format in FORMATS:
+        if data.startswith(image_format.magics):
+            return image_format
+    raise BadImage(source, f"not a {format_names()} image")
 
 
 ALPHA_LAYOUTS = {2: "grey+alpha", 4: "RGBA"}
@@ -154,18 +210,11 @@ def _checked(pixels: np.ndarray, source: str) -> np.ndarray:
 
 def image_size(data: bytes, source: str, max_pixels: int) -> tuple[int, int]:
     """(width, height) from the header alone, checked against `max_pixels` as decoding checks it, for a budget over
-    several images before any is decoded; raises BadImage naming `source` for a file that is not one PNG, JPEG or
-    2-D TIFF image within the limit."""
+    several images before any is decoded; raises BadImage naming `source` for a file that is not one image of a
+    format in FORMATS within the limit."""
+    image_format = format_of(data, source)
     try:
-        if data.startswith(TIFF_MAGICS):
-            with tifffile.TiffFile(io.BytesIO(data)) as tiff:
-                size = _tiff_size(tiff, source)
-        elif data.startswith((PNG_MAGIC, JPEG_MAGIC)):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                size = Image.open(io.BytesIO(data)).size
-        else:
-            raise BadImage(source, "empty file (0 bytes)" if not data else "not a PNG, JPEG or TIFF image")
+        size = image_format.header_size(data, source)
     except BadImage:
         raise
     except Image.DecompressionBombError as error:
@@ -178,15 +227,7 @@ def image_size(data: bytes, source: str, max_pixels: int) -> tuple[int, int]:
 
 def decode_image(data: bytes, source: str, max_pixels: int) -> np.ndarray:
     """HxW (grey) or HxWx3 (RGB) array, uint8, uint16 or float (finite); raises BadImage naming `source` and why."""
-    if not data:
-        raise BadImage(source, "empty file (0 bytes)")
-    if data.startswith(TIFF_MAGICS):
-        pixels = _decode_tiff(data, source, max_pixels)
-    elif data.startswith((PNG_MAGIC, JPEG_MAGIC)):
-        pixels = _decode_pillow(data, source, max_pixels)
-    else:
-        raise BadImage(source, "not a PNG, JPEG or TIFF image")
-    return _checked(pixels, source)
+    return _checked(format_of(data, source).decode(data, source, max_pixels), source)
 
 
 def read_bytes(path: str | Path) -> bytes:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from thermal2visible.errors import PipelineError
 from thermal2visible.config.schema import IngestConfig
 from thermal2visible.data.cache_files import SPLITS
-from thermal2visible.data.images import IMAGE_SUFFIXES, BadImage, decode_image, read_bytes
+from thermal2visible.data.images import BadImage, decode_image, image_suffixes, read_bytes
 
 # Control characters (\n, \r, \t, ESC, ...) and the Unicode line and paragraph separators: a name holding one could
 # break or repaint the lines of a terminal or a log.
@@ -95,8 +95,8 @@ def _walk(top: Path, root: Path, problems: list[Problem]) -> list[Path]:
                 problems.append(Problem(str(path), f"symlink leads outside the dataset root (to {path.resolve()})"))
             elif not path.is_file():
                 problems.append(Problem(str(path), "broken symlink or not a regular file"))
-            elif path.suffix.lower() not in IMAGE_SUFFIXES:
-                problems.append(Problem(str(path), f"not an image file (expected {', '.join(IMAGE_SUFFIXES)})"))
+            elif path.suffix.lower() not in image_suffixes():
+                problems.append(Problem(str(path), f"not an image file (expected {', '.join(image_suffixes())})"))
             else:
                 files.append(path)
     return sorted(files)

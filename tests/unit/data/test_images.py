@@ -10,7 +10,9 @@ import tifffile
 from PIL import Image
 
 from thermal2visible.errors import PipelineError
+from thermal2visible.data import images
 from thermal2visible.data.images import BadImage, decode_image, read_image
+from thermal2visible.data.ingest import ingest
 
 RNG = np.random.default_rng(0)
 GREY16 = RNG.integers(0, 65536, (12, 10), dtype=np.uint16)
@@ -186,3 +188,42 @@ def test_a_cmyk_jpeg_is_an_rgb_photo_and_a_cmyk_tiff_is_refused_as_cmyk():
     ink = np.asarray(cmyk)
     with pytest.raises(BadImage, match=r"^ink\.tif: CMYK TIFF; expected grey or RGB"):
         decode_image(tiff_bytes(ink, photometric="separated"), "ink.tif", 10**6)
+
+
+# A format a contributor adds as docs/contributing.md says: its functions (here Pillow's, which reads PPM) and its
+# entry in FORMATS, nothing else.
+PPM = images.ImageFormat("PPM", (".ppm",), (b"P6",), images._pillow_size, images._decode_pillow)
+
+
+@pytest.fixture(params=[*(image_format.name for image_format in images.FORMATS), "PPM dropped in"])
+def image_format(request, monkeypatch) -> images.ImageFormat:
+    if request.param == "PPM dropped in":
+        monkeypatch.setattr(images, "FORMATS", (*images.FORMATS, PPM))
+        return PPM
+    return next(image_format for image_format in images.FORMATS if image_format.name == request.param)
+
+
+def test_every_format_is_told_by_its_bytes_sized_from_its_header_bounded_before_decoding_and_ingested(
+    image_format, tmp_path, tiny_params
+):
+    """The contract each entry of FORMATS keeps, checked on every entry and on one dropped in: the files ingest
+    picks up by name, the serving workers size by header and decode, all within max_pixels."""
+    data = pillow_bytes(Image.fromarray(RGB8), image_format.name)
+    assert images.format_of(data, "frame") == image_format
+    height, width = RGB8.shape[:2]
+    assert images.image_size(data, "frame", width * height) == (width, height)
+    assert decode_image(data, "frame", width * height).shape == RGB8.shape
+    for refuse in (images.image_size, decode_image):
+        with pytest.raises(BadImage, match=r"frame: 10x12 = 120 pixels exceeds max_pixels 119"):
+            refuse(data, "frame", width * height - 1)
+    frames = np.random.default_rng(1).integers(0, 256, (2, 2, *RGB8.shape), dtype=np.uint8)  # no two alike
+    for side, side_frames in zip(("thermal", "visible"), frames):
+        for number, frame in enumerate(side_frames):
+            folder = tmp_path / "raw" / side / "person_00"
+            folder.mkdir(parents=True, exist_ok=True)
+            encoded = pillow_bytes(Image.fromarray(frame), image_format.name)
+            (folder / f"{number}{image_format.suffixes[-1]}").write_bytes(encoded)
+    index, problems = ingest(tmp_path / "raw", "pairs", tiny_params.ingest)
+    assert problems == [] and len(index["pairs"]) == 2
+    with pytest.raises(BadImage, match=rf"not a .*\b{image_format.name}\b.* image"):
+        decode_image(b"no format starts so", "frame", width * height)
