@@ -15,7 +15,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -243,6 +243,14 @@ def write_report(stem: Path, figures: dict) -> Path:
     path = result_file(stem, ".json")
     path.write_text(json.dumps(figures | {"machine": machine()}, indent=1) + "\n")
     return path
+
+
+def publish(stem: Path, figures: dict, plot: Callable[[dict, Path], None], headline: Sequence[str]) -> None:
+    """<stem>.json and its plot <stem>.png; prints the `headline` figures and where the files went."""
+    plot(figures, result_file(stem, ".png"))
+    write_report(stem, figures)
+    print(json.dumps({key: figures[key] for key in headline}, indent=1))
+    print(f"{machine_text()}; wrote {stem}.json and .png")
 
 
 def synthetic_cache(root: Path, size: int, pairs: int) -> tuple[Path, PreprocessConfig]:

@@ -16,7 +16,6 @@ Usage: python -m benchmarks.queue_sweep [--batches 1 2 4 8] [--rounds 3] [--repo
 
 import argparse
 import hashlib
-import json
 import statistics
 import subprocess
 import tempfile
@@ -30,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
-from benchmarks.common import PROJECT, add_report_option, machine_text, result_file, result_stem, write_report  # noqa: E402
+from benchmarks.common import PROJECT, add_report_option, machine_text, publish, result_stem  # noqa: E402
 from benchmarks.rounds import measure_rounds  # noqa: E402
 from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
 from tests.support.projects import copy_project  # noqa: E402
@@ -157,11 +156,7 @@ def main() -> None:
         "mlflow_train_runs": checks,
         "rounds": records,
     }
-    stem = result_stem(args.report, args.out)
-    plot(figures, result_file(stem, ".png"))
-    write_report(stem, figures)
-    print(json.dumps({key: figures[key] for key in ("ratio_j2_over_j1", "median_seconds")}, indent=1))
-    print(f"{machine_text()}; wrote {stem}.json and .png")
+    publish(result_stem(args.report, args.out), figures, plot, ("ratio_j2_over_j1", "median_seconds"))
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from benchmarks.common import SHIPPED, add_report_option, machine_text, result_file, result_stem, synthetic_cache
-from benchmarks.common import write_report
+from benchmarks.common import SHIPPED, add_report_option, machine_text, publish, result_stem, synthetic_cache
 from benchmarks.inference import request_frame
 from benchmarks.rest_load import client, served_model
 from benchmarks.rounds import measure_rounds
@@ -267,11 +266,7 @@ def main() -> None:
         "threads": threads_setting(args.threads),
         "rounds": records,
     }
-    stem = result_stem(args.report, args.out)
-    plot(figures, result_file(stem, ".png"))
-    write_report(stem, figures)
-    print(json.dumps({key: figures[key] for key in ("trainings", "rest_p99_ms")}, indent=1))
-    print(f"{machine_text()}; wrote {stem}.json and .png")
+    publish(result_stem(args.report, args.out), figures, plot, ("trainings", "rest_p99_ms"))
 
 
 if __name__ == "__main__":
