@@ -50,25 +50,35 @@ from thermal2visible.stage_records import write_record
 from thermal2visible.pixels import to_model, unit, with_channels
 
 GRID_FACES = 8
+MEAN_CHUNK = 1024  # training images read at a time for the mean face
 FACES = ("generator", "real_visible", "thermal_input")  # what the recognizer is shown: result, ceiling, floor
 
 
 def mean_training_face(visible_channels: int) -> torch.Tensor:
-    """(Cv,S,S) in [-1,1]: the pixel-wise mean of the training split's visible images."""
-    mean = unit(np.load(array_file(CACHE, "train", "visible"))).mean(axis=0)
+    """(Cv,S,S) in [-1,1]: the pixel-wise mean of the training split's visible images, summed a chunk at a time from
+    the cache file, so the memory it takes stays flat however large the split."""
+    visible = np.load(array_file(CACHE, "train", "visible"), mmap_mode="r")
+    chunks = range(0, len(visible), MEAN_CHUNK)
+    total = sum(unit(visible[start : start + MEAN_CHUNK]).sum(axis=0, dtype=np.float64) for start in chunks)
+    mean = total / len(visible)
     return torch.from_numpy(to_model(mean)[0, :visible_channels])
 
 
 @torch.inference_mode()
 def evaluate(
-    generator: torch.nn.Module, test_mode: str, batches: Iterable[dict[str, torch.Tensor]], channels: int
+    generator: torch.nn.Module,
+    test_mode: str,
+    batches: Iterable[dict[str, torch.Tensor]],
+    channels: int,
+    recognizer: torch.nn.Module | None = None,
 ) -> tuple[dict, np.ndarray | None, dict]:
     """Scores on the test split, the generator run in `test_mode` (models.generator.as_tested) as validation ran
-    it; also the faces to score identity on (`FACES` and their identity labels). `batches`: the test split's, in
-    model space; `channels`: the visible images'."""
+    it; also the identity labels of the test faces and, with a `recognizer`, its embedding of each of `FACES`, taken
+    batch by batch: what identity is scored on, a few numbers a face where the faces themselves would grow with the
+    split. `batches`: the test split's, in model space; `channels`: the visible images'."""
     mean_face = mean_training_face(channels)
     scores = {name: score_means() for name in ("generator", "baseline_mean_image", "baseline_thermal")}
-    faces = {name: [] for name in (*FACES, "identity")}
+    looks = {name: [] for name in (*(FACES if recognizer is not None else ()), "identity")}
     grid = None
     for batch in batches:
         thermal, real = batch["thermal"], batch["visible"]
@@ -82,45 +92,47 @@ def evaluate(
         for name, prediction in predictions.items():
             for metric, values in image_scores(to_unit(prediction), to_unit(real)).items():
                 scores[name][metric].update(values)
-        for name, images in zip(
-            (*FACES, "identity"), (generated, real, predictions["baseline_thermal"], batch["identity"])
-        ):
-            faces[name].append(images.float() if name != "identity" else images)
+        looks["identity"].append(batch["identity"])
+        if recognizer is not None:
+            for name, images in zip(FACES, (generated, real, predictions["baseline_thermal"])):
+                looks[name].append(recognizer.embed(images.float()))
         if grid is None:
             grid = comparison_grid(thermal[:GRID_FACES], generated[:GRID_FACES], real[:GRID_FACES])
     return (
         {name: {metric: float(value) for metric, value in means.compute().items()} for name, means in scores.items()},
         grid,
-        {name: torch.cat(parts) for name, parts in faces.items()},
+        {name: torch.cat(parts) for name, parts in looks.items()},
     )
 
 
 @torch.inference_mode()
-def identity_scores(faces: dict, identities: list[str], training_people: set[int]) -> dict:
+def identity_scores(
+    looks: dict, recognizer: torch.nn.Module | None, identities: list[str], training_people: set[int]
+) -> dict:
     """Rank-1 accuracy over the test faces whose person is in the training split (`training_people`, as the split
     came out, whatever split_by asked for), or, where no test person is, verification ROC AUC; of the recognizer
-    on `FACES`. A reason instead where the data holds no identities."""
-    labelled = faces["identity"] >= 0
-    if not identities or not labelled.any():
+    on `FACES`, from its embeddings of them (`evaluate`'s looks). A reason instead where the data holds no
+    identities."""
+    labelled = looks["identity"] >= 0
+    if recognizer is None or not labelled.any():
         return {
             "score": None,
             "why": "no identity labels: the data has no identity folders "
             "(ROOT/thermal/PERSON/name), so no face can be checked for its person",
         }
-    recognizer, _ = load_recognizer(RECOGNIZER, identities)
-    seen = labelled & torch.tensor([int(label) in training_people for label in faces["identity"]])
+    seen = labelled & torch.tensor([int(label) in training_people for label in looks["identity"]])
     if seen.any():
-        shown = {name: faces[name][seen] for name in FACES}
-        values = {name: rank1_accuracy(recognizer(images), faces["identity"][seen]) for name, images in shown.items()}
+        values = {
+            name: rank1_accuracy(recognizer.classify(looks[name][seen]), looks["identity"][seen]) for name in FACES
+        }
         why = (
             f"{int(seen.sum())} of {int(labelled.sum())} labelled test faces show people of the training split, so "
             f"the recognizer names each of those ({1 / len(identities):.3f} = chance)"
         )
         return {"score": "rank1_accuracy", "why": why, "faces": int(seen.sum()), **values}
-    labels = faces["identity"][labelled]
-    shown = {name: faces[name][labelled] for name in FACES}
-    gallery = recognizer.embed(shown["real_visible"])
-    values = {name: verification_auc(recognizer.embed(images), gallery, labels) for name, images in shown.items()}
+    labels = looks["identity"][labelled]
+    gallery = looks["real_visible"][labelled]
+    values = {name: verification_auc(looks[name][labelled], gallery, labels) for name in FACES}
     why = (
         "no test person appears in the training split, so same/different person pairs against the real test "
         "faces (ROC AUC, 0.5 = chance)"
@@ -143,7 +155,11 @@ def main(params: Params) -> None:
     if manifest["counts"]["test"] == 0:
         raise PipelineError(f"{CACHE}: the test split is empty (raise preprocess.test_fraction)")
     test_batches = in_order(CACHE, "test", params.train.batch_size)
-    results, grid, faces = evaluate(generator, payload["test_mode"], test_batches, manifest["visible_channels"])
+    # only data with identity folders has people to tell apart, and a recognizer trained on them
+    recognizer = load_recognizer(RECOGNIZER, manifest["identities"])[0] if manifest["identities"] else None
+    results, grid, looks = evaluate(
+        generator, payload["test_mode"], test_batches, manifest["visible_channels"], recognizer
+    )
 
     def generate(batch: np.ndarray) -> np.ndarray:
         with as_tested(generator, payload["test_mode"]):
@@ -153,7 +169,7 @@ def main(params: Params) -> None:
     translate = partial(translate_frame, generate, settings=stored_section("preprocess", payload["preprocess"]))
     results["generator"]["psnr_full_frame"] = full_frame_psnr(translate, raw_pairs(CACHE, "test"))
     training_people = set(np.load(array_file(CACHE, "train", "identity")).tolist())
-    identity = identity_scores(faces, manifest["identities"], training_people)
+    identity = identity_scores(looks, recognizer, manifest["identities"], training_people)
     report = {
         "test_images": manifest["counts"]["test"],
         **results,

@@ -109,3 +109,59 @@ def test_a_score_given_an_entry_in_image_scores_reaches_validation_and_every_eva
     for name, values in metrics.image_scores(to_unit(batch["visible"]), to_unit(batch["visible"])).items():
         validation[name].update(values)
     assert validation.compute()["val_mae"] == 0.0  # what validation logs: each image scored against itself
+
+
+def test_identity_is_scored_from_embeddings_taken_batch_by_batch_as_from_the_whole_faces(
+    tiny_cache, tiny_params, monkeypatch, tmp_path
+):
+    """The evaluate stage keeps the recognizer's embedding of each test face, a few numbers, not the faces (which
+    would grow with the split and the image size): rank-1 accuracy from them equals the recognizer's on all the
+    faces at once."""
+    from thermal2visible.data.dataset import in_order
+    from thermal2visible.models.networks import build_networks
+    from thermal2visible.models.recognizer import IdentityRecognizer
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").symlink_to(tiny_cache)
+    monkeypatch.chdir(tmp_path)
+    from pipelines.evaluate import FACES, evaluate, identity_scores
+
+    torch.manual_seed(0)
+    generator, _ = build_networks(tiny_params.model, tiny_params.preprocess.image_size, 1, 3)
+    batches = list(in_order(tiny_cache, "test", 4))
+    real = torch.cat([batch["visible"] for batch in batches])
+    labels = torch.cat([batch["identity"] for batch in batches])
+    recognizer = IdentityRecognizer(3, int(labels.max()) + 1, width=4).eval()
+    _, _, looks = evaluate(generator, "eval", batches, channels=3, recognizer=recognizer)
+
+    width = recognizer.embed(real[:1]).shape[1]
+    assert all(looks[name].shape == (len(real), width) for name in FACES)
+    people = [f"person_{label}" for label in range(int(labels.max()) + 1)]
+    scores = identity_scores(looks, recognizer, people, training_people=set(labels.tolist()))
+    with torch.inference_mode():
+        whole = rank1_accuracy(recognizer(real), labels)
+    assert scores["score"] == "rank1_accuracy" and scores["real_visible"] == pytest.approx(whole)
+
+
+def test_the_mean_training_face_is_summed_a_chunk_at_a_time(monkeypatch, tmp_path):
+    """The evaluate stage's mean-image baseline reads the training split a chunk at a time: the memory numpy takes
+    for it stays a fraction of the split as floats (what reading it whole took), and the mean is the split's."""
+    import tracemalloc
+
+    from thermal2visible.data.cache import array_file
+
+    visible = np.random.default_rng(0).integers(0, 256, (12000, 16, 16, 3), dtype=np.uint8)
+    (tmp_path / "data" / "cache").mkdir(parents=True)
+    np.save(array_file(tmp_path / "data" / "cache", "train", "visible"), visible)
+    monkeypatch.chdir(tmp_path)
+    from pipelines.evaluate import mean_training_face
+
+    tracemalloc.start()
+    try:
+        mean = mean_training_face(3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < visible.size * 4 / 4  # a quarter of the split as float32
+    expected = visible.mean(axis=0, dtype=np.float64) / 255 * 2 - 1
+    assert np.allclose(mean.numpy(), expected.transpose(2, 0, 1), atol=1e-6)
