@@ -82,7 +82,7 @@ def test_mlproject_has_an_entry_point_per_stage_written_from_the_pipeline_files(
     assert set(entry_points) == {"main", *docs.resolved_stages(REPO)}
     assert entry_points["synthesize"]["command"].split()[3] == "data/dvc.yaml:synthesize"
     with_one_more = docs.entry_points(docs.stage_targets(REPO) | {"report": "report"})
-    assert "  report:" in with_one_more and "exp_run report {set}" in with_one_more
+    assert "  report:" in with_one_more and "dvc_experiment report {set}" in with_one_more
 
 
 def test_the_contributors_page_lists_every_module_of_the_package_from_its_docstring():
