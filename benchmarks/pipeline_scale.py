@@ -34,10 +34,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import yaml  # noqa: E402
 from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from benchmarks.queue_sweep import tiny_project  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     PROJECT,
     add_report_option,
@@ -48,9 +48,8 @@ from benchmarks.common import (  # noqa: E402
     write_report,
 )
 from pipelines.studies.queue import DVC  # noqa: E402
-from tests.support.projects import copy_project  # noqa: E402
 from tests.support.servers import quiet_env  # noqa: E402
-from thermal2visible.config.load import apply_override, load_params, preset_overrides  # noqa: E402
+from thermal2visible.config.load import load_params, preset_overrides  # noqa: E402
 from thermal2visible.data.synthetic import synthesize  # noqa: E402
 
 TINY = PROJECT / "params" / "tiny.yaml"
@@ -95,23 +94,9 @@ def own_folder(folder: Path, pairs: int, base: list[tuple[np.ndarray, np.ndarray
 
 
 def project(folder: Path) -> Path:
-    """A fresh git + DVC repo of the pipeline with the tiny preset, one epoch and data/own as its data, committed,
-    with a folder remote."""
-    copy_project(folder)
-    params = yaml.safe_load((PROJECT / "params.yaml").read_text())
-    for override in (*preset_overrides(TINY), *SETTINGS):
-        apply_override(params, override)
-    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    commit = ["git", "-c", "user.name=benchmark", "-c", "user.email=benchmark@localhost", "commit", "-qm", "scale"]
-    remote = folder.parent / f"{folder.name}-remote"
-    for command in (
-        ["git", "init", "-q"],
-        [DVC, "init", "-q"],
-        [DVC, "remote", "add", "-d", "folder", str(remote)],
-        ["git", "add", "-A"],
-        commit,
-    ):
-        run(command, folder)
+    """queue_sweep's tiny project with the benchmark's settings and a folder remote."""
+    tiny_project(folder, baseline=False, settings=SETTINGS)
+    run([DVC, "remote", "add", "-d", "folder", str(folder.parent / f"{folder.name}-remote")], folder)
     return folder
 
 

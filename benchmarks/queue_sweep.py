@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -47,12 +48,12 @@ def run(command: list[str], project: Path) -> str:
     return result.stdout
 
 
-def tiny_project(folder: Path, baseline: bool = True) -> Path:
-    """A fresh git + DVC repo of this project's pipeline with the tiny preset, committed; with `baseline` its pipeline
-    also run and committed, as `make demo` leaves a user's clone."""
+def tiny_project(folder: Path, baseline: bool = True, settings: Sequence[str] = ()) -> Path:
+    """A fresh git + DVC repo of this project's pipeline with the tiny preset and `settings` over it, committed; with
+    `baseline` its pipeline also run and committed, as `make demo` leaves a user's clone."""
     copy_project(folder)
     params = yaml.safe_load((PROJECT / "params.yaml").read_text())
-    for override in preset_overrides(TINY):
+    for override in (*preset_overrides(TINY), *settings):
         apply_override(params, override)
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     commit = ["git", "-c", "user.name=benchmark", "-c", "user.email=benchmark@localhost", "commit", "-qm", "sweep"]
